@@ -1,0 +1,151 @@
+"""Context management: how the environment turns its history into the next observation.
+
+The history is kept as token ids: a protected prefix (system prompt + tool schemas), then turns
+whose ids are exact (an assistant turn holds the sampled action ids). A context manager chooses
+what of it the model sees next:
+
+- ``append``: everything (the observation extends the previous one: prefix merging applies);
+- ``sliding_window``: the prefix, the first ``keep_first`` turns (the task) and as many of the
+  newest turns as fit in ``max_tokens``; never cuts the prefix or a turn in half;
+- ``summarize``: when over ``max_tokens``, older turns are replaced by one summary turn produced by
+  a hook (which may call a model); the summary then stays in the history;
+- ``rewrite``: the environment re-renders the turns from its own state each step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent_r1.agent.chat import ChatCodec
+from agent_r1.registry import Registry
+
+
+@dataclass
+class Turn:
+    role: str
+    token_ids: list[int]
+    text: str
+
+
+@dataclass
+class History:
+    prefix_ids: list[int]  # system + tool schemas; never cut
+    turns: list[Turn] = field(default_factory=list)
+
+    def total_tokens(self, turns: list[Turn] | None = None) -> int:
+        return len(self.prefix_ids) + sum(len(t.token_ids) for t in (self.turns if turns is None else turns))
+
+
+class ContextManager:
+    """``update`` may rewrite the history (async: it may call a model); ``view`` picks what is seen."""
+
+    def __init__(self, codec: ChatCodec):
+        self.codec = codec
+
+    async def update(self, history: History) -> None:
+        return None
+
+    def select(self, history: History) -> list[Turn]:
+        return history.turns
+
+    def view(self, history: History) -> list[int]:
+        ids = list(history.prefix_ids)
+        for t in self.select(history):
+            ids += t.token_ids
+        return ids + self.codec.generation_prompt_ids
+
+
+CONTEXTS: Registry[type[ContextManager]] = Registry("context manager")
+
+
+@CONTEXTS.register("append")
+class AppendContext(ContextManager):
+    pass
+
+
+@CONTEXTS.register("rewrite")
+class RewriteContext(ContextManager):
+    """The env replaces ``history.turns`` itself (e.g. from structured state) before each view."""
+
+
+@CONTEXTS.register("sliding_window")
+class SlidingWindowContext(ContextManager):
+    def __init__(self, codec: ChatCodec, max_tokens: int, keep_first: int = 1):
+        super().__init__(codec)
+        if max_tokens <= 0:
+            raise ValueError(f"context.max_tokens must be > 0, got {max_tokens}")
+        self.max_tokens, self.keep_first = max_tokens, keep_first
+
+    def select(self, history: History) -> list[Turn]:
+        head = history.turns[: self.keep_first]
+        budget = self.max_tokens - history.total_tokens(head) - len(self.codec.generation_prompt_ids)
+        tail: list[Turn] = []
+        for t in reversed(history.turns[self.keep_first :]):
+            if len(t.token_ids) > budget:
+                break
+            tail.append(t)
+            budget -= len(t.token_ids)
+        return head + tail[::-1]
+
+
+Summarizer = Callable[[list[Turn]], Awaitable[str]]
+
+
+async def extractive_summary(turns: list[Turn], max_chars_per_turn: int = 120) -> str:
+    """Default hook: the start of each dropped turn, role-tagged. Cheap and deterministic."""
+    return "\n".join(f"[{t.role}] {t.text.strip()[:max_chars_per_turn]}" for t in turns)
+
+
+@CONTEXTS.register("summarize")
+class SummarizeContext(ContextManager):
+    def __init__(
+        self,
+        codec: ChatCodec,
+        max_tokens: int,
+        keep_first: int = 1,
+        keep_last: int = 2,
+        summarizer: Summarizer | None = None,
+    ):
+        super().__init__(codec)
+        if max_tokens <= 0:
+            raise ValueError(f"context.max_tokens must be > 0, got {max_tokens}")
+        self.max_tokens, self.keep_first, self.keep_last = max_tokens, keep_first, keep_last
+        self.summarizer = summarizer or extractive_summary
+
+    async def update(self, history: History) -> None:
+        gen = len(self.codec.generation_prompt_ids)
+        if history.total_tokens() + gen <= self.max_tokens:
+            return
+        head, rest = history.turns[: self.keep_first], history.turns[self.keep_first :]
+        if len(rest) <= self.keep_last:
+            return  # nothing left to fold; the loop's obs budget ends the episode if still too long
+        old, recent = rest[: len(rest) - self.keep_last], rest[len(rest) - self.keep_last :]
+        text = "Summary of earlier steps:\n" + await self.summarizer(old)
+        summary = Turn("user", self.codec.encode_message("user", text), text)
+        history.turns = head + [summary] + recent
+
+
+def model_summarizer(generate: Any, codec: ChatCodec, sampling: Any) -> Summarizer:
+    """A summarise hook that asks a model (the policy or another one) through ``generate``."""
+
+    async def summarize(turns: list[Turn]) -> str:
+        transcript = "\n".join(f"{t.role}: {t.text}" for t in turns)
+        ids = codec.encode_chat(
+            [
+                {
+                    "role": "user",
+                    "content": "Summarise these earlier steps briefly, keeping facts and numbers:\n"
+                    + transcript,
+                }
+            ]
+        )
+        out = await generate(ids, sampling)
+        return codec.decode_action(out.token_ids)
+
+    return summarize
+
+
+def build_context(codec: ChatCodec, name: str = "append", **kwargs: Any) -> ContextManager:
+    return CONTEXTS.get(name)(codec, **kwargs)

@@ -1,0 +1,42 @@
+"""AgentEnv: a Gym-like environment whose step is one whole response.
+
+``reset(**row) -> Observation`` starts an episode from a data row; ``async step(action)`` executes
+the action and returns the next observation (built by the env), a reward, done and info.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent_r1.agent.chat import ChatCodec
+from agent_r1.agent.types import Action, Observation, StepResult
+from agent_r1.registry import Registry
+
+
+class AgentEnv:
+    """Subclass and register with ``@ENVS.register("name")``; a YAML/row string picks it."""
+
+    def __init__(self, codec: ChatCodec, **kwargs: Any):
+        if kwargs:
+            raise TypeError(f"{type(self).__name__} got unknown options {sorted(kwargs)}")
+        self.codec = codec
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return []
+
+    def reset(self, **row: Any) -> Observation:
+        raise NotImplementedError
+
+    async def step(self, action: Action) -> StepResult:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        return None
+
+
+ENVS: Registry[type[AgentEnv]] = Registry("environment")
+
+
+def make_env(name: str, codec: ChatCodec, **kwargs: Any) -> AgentEnv:
+    return ENVS.get(name)(codec=codec, **kwargs)

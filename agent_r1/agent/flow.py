@@ -1,0 +1,210 @@
+"""Agent flows: run one episode against a ``generate`` callable and record every step.
+
+``AgentFlow`` is the async base (full control); ``AgentEnvLoop`` is the generic reset/step loop
+over an ``AgentEnv``; ``SingleStepFlow`` is one prompt, one response. Each step becomes a
+``StepRecord`` with the observation and action token ids exactly as sent and sampled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent_r1.agent.chat import ChatCodec
+from agent_r1.agent.env import make_env
+from agent_r1.agent.types import Action, GenerateFn, Observation, SamplingParams
+from agent_r1.data.rows import DataRow
+from agent_r1.records.schema import StepRecord, Trajectory
+from agent_r1.registry import Registry
+from agent_r1.rewards import compute_reward
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class FlowConfig:
+    max_steps: int = 8  # steps per episode
+    max_obs_tokens: int = 2048  # per-step observation budget; longer -> the episode ends truncated
+    max_action_tokens: int = 256  # per-step response budget
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    def __post_init__(self) -> None:
+        for k in ("max_steps", "max_obs_tokens", "max_action_tokens"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"flow.{k} must be >= 1, got {getattr(self, k)}")
+
+
+class AgentFlow:
+    def __init__(self, generate: GenerateFn, codec: ChatCodec, config: FlowConfig | None = None):
+        self.generate, self.codec, self.config = generate, codec, config or FlowConfig()
+
+    async def run(self, row: DataRow, trajectory_id: str, group_id: str) -> Trajectory:
+        raise NotImplementedError
+
+    # ---- helpers shared by flows -----------------------------------------------------------------
+    def obs_ids(self, obs: Observation, tools: list[dict[str, Any]] | None = None) -> list[int]:
+        if obs.token_ids is not None:
+            return list(obs.token_ids)
+        if obs.messages is not None:
+            return self.codec.encode_chat(obs.messages, tools)
+        return self.codec.encode(obs.text or "")
+
+    async def act(self, obs_ids: list[int], trajectory_id: str, step: int) -> Action:
+        s = self.config.sampling
+        seed = None
+        if s.seed is not None:  # reproducible and different for every trajectory and step
+            seed = (
+                int.from_bytes(
+                    hashlib.sha256(f"{s.seed}/{trajectory_id}/{step}".encode()).digest()[:4], "little"
+                )
+                >> 1
+            )
+        sampling = dataclasses.replace(
+            s,
+            max_new_tokens=min(s.max_new_tokens, self.config.max_action_tokens),
+            stop_token_ids=sorted(set(s.stop_token_ids) | set(self.codec.stop_token_ids)),
+            seed=seed,
+        )
+        out = await self.generate(obs_ids, sampling)
+        return Action(
+            text=self.codec.decode_action(out.token_ids),
+            token_ids=list(out.token_ids),
+            logprobs=list(out.logprobs),
+            finish_reason=out.finish_reason,
+            policy_version=out.policy_version,
+        )
+
+    @staticmethod
+    def score(traj: Trajectory, row: DataRow, final_text: str) -> None:
+        """Outcome reward for the terminal step when the environment left it unscored."""
+        last = traj.steps[-1]
+        if last.reward is None:
+            res = compute_reward(row.reward_model, final_text)
+            last.reward = res.score
+            last.info["reward"] = {
+                "correct": res.correct,
+                "formatted": res.formatted,
+                "prediction": res.prediction,
+            }
+            traj.metrics["success"] = float(res.correct)
+        traj.metrics["reward"] = traj.total_reward
+        traj.metrics["num_steps"] = float(len(traj.steps))
+        traj.metrics["num_tool_calls"] = float(traj.num_tool_calls)
+        traj.metrics["action_tokens"] = float(sum(len(s.action_token_ids) for s in traj.steps))
+
+
+class AgentEnvLoop(AgentFlow):
+    """reset -> (generate -> env.step)* until done, max_steps, or the observation budget."""
+
+    def __init__(
+        self,
+        generate: GenerateFn,
+        codec: ChatCodec,
+        config: FlowConfig | None = None,
+        env: str = "tool",
+        **env_kwargs: Any,
+    ):
+        super().__init__(generate, codec, config)
+        self.env_name, self.env_kwargs = env, env_kwargs
+
+    async def run(self, row: DataRow, trajectory_id: str, group_id: str) -> Trajectory:
+        env = make_env(self.env_name, self.codec, **{**self.env_kwargs, **row.env_kwargs})
+        traj = Trajectory(trajectory_id, group_id)
+        try:
+            obs = env.reset(prompt=row.prompt, reward_model=row.reward_model, extra_info=row.extra_info)
+            prev: list[int] = []
+            action = None
+            for t in range(self.config.max_steps):
+                ids = self.obs_ids(obs, env.tool_schemas)
+                if len(ids) > self.config.max_obs_tokens:
+                    traj.metrics["obs_over_budget"] = 1.0
+                    if traj.steps:
+                        traj.steps[-1].done = traj.steps[-1].truncated = True
+                    break
+                action = await self.act(ids, trajectory_id, t)
+                res = await env.step(action)
+                last = res.done or t == self.config.max_steps - 1
+                traj.steps.append(
+                    StepRecord(
+                        trajectory_id=trajectory_id,
+                        group_id=group_id,
+                        step_index=t,
+                        obs_token_ids=ids,
+                        action_token_ids=action.token_ids,
+                        action_logprobs=action.logprobs,
+                        action_mask=list(action.mask or []),
+                        policy_version=action.policy_version,
+                        prefix_len=common_prefix_len(ids, prev),
+                        feedback=res.feedback,
+                        reward=res.reward if (not last or res.done) else None,
+                        process_reward=res.process_reward,
+                        done=last,
+                        truncated=bool(res.info.get("truncated")) or (last and not res.done),
+                        finish_reason=action.finish_reason.value,
+                        info=res.info,
+                    )
+                )
+                if last:
+                    break
+                assert res.observation is not None, (
+                    f"env {self.env_name!r} returned no observation while not done"
+                )
+                obs, prev = res.observation, ids + action.token_ids
+        finally:
+            await env.close()
+        if traj.steps and action is not None:
+            self.score(traj, row, action.text)
+        return traj
+
+
+class SingleStepFlow(AgentFlow):
+    """One prompt, one response, scored by the row's reward model."""
+
+    async def run(self, row: DataRow, trajectory_id: str, group_id: str) -> Trajectory:
+        ids = self.codec.encode_chat(row.prompt)
+        traj = Trajectory(trajectory_id, group_id)
+        if len(ids) > self.config.max_obs_tokens:
+            traj.metrics["obs_over_budget"] = 1.0
+            return traj
+        action = await self.act(ids, trajectory_id, 0)
+        traj.steps.append(
+            StepRecord(
+                trajectory_id=trajectory_id,
+                group_id=group_id,
+                step_index=0,
+                obs_token_ids=ids,
+                action_token_ids=action.token_ids,
+                action_logprobs=action.logprobs,
+                action_mask=list(action.mask or []),
+                policy_version=action.policy_version,
+                done=True,
+                truncated=action.finish_reason.is_truncated(),
+                finish_reason=action.finish_reason.value,
+            )
+        )
+        self.score(traj, row, action.text)
+        return traj
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """A named agent: a flow class plus default env options (rows may override env options)."""
+
+    flow: type[AgentFlow]
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def build(self, generate: GenerateFn, codec: ChatCodec, config: FlowConfig | None = None) -> AgentFlow:
+        return self.flow(generate, codec, config, **self.options)
+
+
+AGENTS: Registry[AgentSpec] = Registry("agent")
+AGENTS.register("single_step")(AgentSpec(SingleStepFlow))
+AGENTS.register("tool_agent")(AgentSpec(AgentEnvLoop, {"env": "tool"}))

@@ -1,0 +1,120 @@
+"""ToolEnv: chat history + Hermes tool calls, executed concurrently, answered as one user turn.
+
+A bad call (malformed JSON, unknown tool, wrong argument types, an exception, a timeout) becomes
+an error message in the feedback and, optionally, a negative process reward; never a crash. The
+episode ends when an action has no tool call, when the action was cut by the length limit, or at
+``max_steps``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from agent_r1.agent.chat import ChatCodec
+from agent_r1.agent.context import History, Turn, build_context
+from agent_r1.agent.env import ENVS, AgentEnv
+from agent_r1.agent.tool_calls import MalformedCall, ToolCall, format_tool_responses, parse_tool_calls
+from agent_r1.agent.types import Action, Observation, StepResult
+from agent_r1.tools import TOOLS, BaseTool, ToolError, ToolOutput
+
+
+@ENVS.register("tool")
+class ToolEnv(AgentEnv):
+    def __init__(
+        self,
+        codec: ChatCodec,
+        tools: list[str] | None = None,
+        tool_kwargs: dict[str, dict[str, Any]] | None = None,
+        context: str = "append",
+        context_kwargs: dict[str, Any] | None = None,
+        max_steps: int = 8,
+        max_calls_per_step: int = 4,
+        error_penalty: float = 0.0,
+        tool_timeout_s: float | None = None,
+        system_prompt: str | None = None,
+    ):
+        super().__init__(codec)
+        if max_steps < 1:
+            raise ValueError(f"env.max_steps must be >= 1, got {max_steps}")
+        tool_kwargs = tool_kwargs or {}
+        self.tools: dict[str, BaseTool] = {n: TOOLS.get(n)(**tool_kwargs.get(n, {})) for n in tools or []}
+        self.context = build_context(codec, context, **(context_kwargs or {}))
+        self.max_steps, self.max_calls_per_step = max_steps, max_calls_per_step
+        self.error_penalty, self.tool_timeout_s = error_penalty, tool_timeout_s
+        self.system_prompt = system_prompt
+        self.history = History([])
+        self.num_steps = 0
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return [t.schema for t in self.tools.values()]
+
+    # ---- episode -------------------------------------------------------------------------------
+    def reset(self, prompt: list[dict[str, Any]] | None = None, **row: Any) -> Observation:
+        messages = list(prompt or [])
+        system = self.system_prompt
+        if messages and messages[0]["role"] == "system":
+            system = messages.pop(0)["content"]
+        self.history = History(self.codec.encode_system(system, self.tool_schemas))
+        for m in messages:
+            self.history.turns.append(
+                Turn(m["role"], self.codec.encode_message(m["role"], m["content"]), m["content"])
+            )
+        self.num_steps = 0
+        return Observation(token_ids=self.context.view(self.history))
+
+    async def step(self, action: Action) -> StepResult:
+        self.num_steps += 1
+        ids = self.codec.generation_prompt_ids + action.token_ids + self.codec.close_action(action.token_ids)
+        self.history.turns.append(Turn("assistant", ids, action.text))
+
+        calls = parse_tool_calls(action.text)
+        if not calls or action.finish_reason.is_truncated():
+            # no call: the agent answered; a cut action cannot be trusted to hold a whole call
+            return StepResult(None, None, True, info={"truncated": action.finish_reason.is_truncated()})
+
+        outputs = await asyncio.gather(*(self._run_call(c) for c in calls[: self.max_calls_per_step]))
+        for c in calls[self.max_calls_per_step :]:
+            outputs.append(
+                self._error(f"too many tool calls in one step (max {self.max_calls_per_step}); ignored", c)
+            )
+        results = [o.result for o in outputs]
+        feedback = format_tool_responses(results)
+        self.history.turns.append(Turn("user", self.codec.encode_message("user", feedback), feedback))
+        await self.context.update(self.history)
+
+        done = self.num_steps >= self.max_steps
+        info = {
+            "tool_calls": [o.info for o in outputs],
+            "num_tool_calls": len(outputs),
+            "num_tool_errors": sum(1 for o in outputs if o.info.get("error")),
+            "truncated": done,  # out of steps without a final answer
+        }
+        obs = None if done else Observation(token_ids=self.context.view(self.history))
+        return StepResult(obs, None if done else 0.0, done, feedback, [o.reward for o in outputs], info)
+
+    # ---- tools ---------------------------------------------------------------------------------
+    def _error(self, message: str, call: ToolCall | MalformedCall) -> ToolOutput:
+        name = call.name if isinstance(call, ToolCall) else None
+        penalty = -abs(self.error_penalty) if self.error_penalty else None
+        return ToolOutput(f"Error: {message}", penalty, {"name": name, "error": message})
+
+    async def _run_call(self, call: ToolCall | MalformedCall) -> ToolOutput:
+        if isinstance(call, MalformedCall):
+            return self._error(call.error, call)
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return self._error(f"unknown tool {call.name!r}; available: {sorted(self.tools)}", call)
+        timeout = self.tool_timeout_s or tool.timeout_s
+        try:
+            tool.validate(call.arguments)
+            out = await asyncio.wait_for(tool.execute(call.arguments), timeout)
+        except ToolError as e:
+            return self._error(f"{call.name}: {e}", call)
+        except TimeoutError:
+            return self._error(f"{call.name}: timed out after {timeout:g} s", call)
+        except Exception as e:  # noqa: BLE001 - a tool bug must not end the episode; it is reported
+            return self._error(f"{call.name} raised {type(e).__name__}: {e}", call)
+        info = {"name": call.name, "error": None, **out.info}
+        return ToolOutput(out.result, out.reward, info)

@@ -1,0 +1,135 @@
+"""``agent-r1``: the single entry point. Subcommands grow with the project."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from agent_r1.logging import setup_logging
+
+
+def _rollout(a: argparse.Namespace) -> int:
+    import pyarrow as pa
+    from transformers import AutoTokenizer
+
+    from agent_r1.agent.chat import ChatCodec
+    from agent_r1.agent.flow import AGENTS, FlowConfig
+    from agent_r1.agent.types import SamplingParams
+    from agent_r1.data.rows import load_rows
+    from agent_r1.records.schema import records_to_table
+    from agent_r1.rollout.episodes import run_episodes
+    from agent_r1.rollout.hf import HFGenerator
+    from recipes import load_all, load_recipe
+
+    log = setup_logging("rollout")
+    load_all()
+    if a.data:
+        rows = load_rows(a.data, AGENTS)[: a.episodes]
+    else:
+        rows = load_recipe(a.recipe).build_rows(split=a.split, num=a.episodes, seed=a.seed)
+    codec = ChatCodec(AutoTokenizer.from_pretrained(a.model))
+    generate = HFGenerator(a.model)
+    sampling = SamplingParams(
+        temperature=a.temperature, top_p=a.top_p, max_new_tokens=a.max_action_tokens, seed=a.seed
+    )
+    config = FlowConfig(
+        max_steps=a.max_steps,
+        max_obs_tokens=a.max_obs_tokens,
+        max_action_tokens=a.max_action_tokens,
+        sampling=sampling,
+    )
+    log.info(
+        "%d rows x %d samples, model %s, temperature %g", len(rows), a.group_size, a.model, a.temperature
+    )
+    trajs = asyncio.run(run_episodes(rows, generate, codec, config, a.group_size, progress=not a.no_progress))
+    for i, t in enumerate(trajs):
+        errors = sum(s.info.get("num_tool_errors", 0) for s in t.steps)
+        last = t.steps[-1] if t.steps else None
+        log.info(
+            "episode %3d  %-14s steps=%d tool_calls=%d tool_errors=%d reward=%.2f success=%d finish=%s%s",
+            i,
+            t.trajectory_id,
+            len(t.steps),
+            t.num_tool_calls,
+            errors,
+            t.total_reward,
+            int(t.metrics.get("success", 0)),
+            last.finish_reason if last else "-",
+            " truncated" if last and last.truncated else "",
+        )
+    n = max(len(trajs), 1)
+    summary = {
+        "episodes": len(trajs),
+        "mean_reward": sum(t.total_reward for t in trajs) / n,
+        "success_rate": sum(t.metrics.get("success", 0.0) for t in trajs) / n,
+        "mean_steps": sum(len(t.steps) for t in trajs) / n,
+        "mean_tool_calls": sum(t.num_tool_calls for t in trajs) / n,
+    }
+    log.info("summary %s", json.dumps(summary))
+    if a.out:
+        out = Path(a.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        table = records_to_table([s for t in trajs for s in t.steps])
+        with pa.OSFile(str(out), "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+            w.write_table(table)
+        log.info("wrote %d step records to %s", table.num_rows, out)
+    return 0
+
+
+def _data(a: argparse.Namespace) -> int:
+    from agent_r1.data.rows import write_rows
+    from recipes import load_recipe
+
+    log = setup_logging("data")
+    rows = load_recipe(a.recipe).build_rows(split=a.split, num=a.num, seed=a.seed)
+    log.info("wrote %d rows to %s", len(rows), write_rows(rows, a.out))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from recipes import RECIPES
+
+    p = argparse.ArgumentParser(
+        prog="agent-r1", description="Slurm-native end-to-end RL for multi-step LLM agents."
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("rollout", help="run episodes of a recipe with a local HF model and print each one")
+    r.add_argument("--model", required=True, help="HF model folder (e.g. built by tools/make_tiny_model.py)")
+    r.add_argument(
+        "--recipe", default="arithmetic_tool", choices=RECIPES, help="generate rows from this recipe"
+    )
+    r.add_argument("--data", help="parquet data rows instead of --recipe")
+    r.add_argument("--split", default="test")
+    r.add_argument("--episodes", type=int, default=16, help="number of rows (prompts)")
+    r.add_argument("--group-size", type=int, default=1, help="samples per prompt")
+    r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--max-steps", type=int, default=8)
+    r.add_argument("--max-obs-tokens", type=int, default=1536)
+    r.add_argument("--max-action-tokens", type=int, default=96)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--out", help="write the step records to this Arrow IPC file")
+    r.add_argument("--no-progress", action="store_true")
+    r.set_defaults(fn=_rollout)
+
+    d = sub.add_parser("data", help="write a recipe's data rows to parquet")
+    d.add_argument("--recipe", required=True, choices=RECIPES)
+    d.add_argument("--split", default="train")
+    d.add_argument("--num", type=int, default=64)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--out", required=True)
+    d.set_defaults(fn=_data)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    return a.fn(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""StepRecord <-> Arrow, defined once (DESIGN §1).
+
+A step record is one MDP transition: the full observation as token ids, the action as sampled
+(ids, logprobs, mask), what the environment said back, the reward and termination.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import pyarrow as pa
+
+from agent_r1.rollout.protocol import FinishReason
+
+STEP_SCHEMA = pa.schema(
+    [
+        pa.field("trajectory_id", pa.string(), nullable=False),
+        pa.field("group_id", pa.string(), nullable=False),
+        pa.field("step_index", pa.int32(), nullable=False),
+        pa.field("policy_version", pa.int64(), nullable=False),
+        pa.field("obs_token_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("prefix_len", pa.int32(), nullable=False),
+        pa.field("action_token_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("action_logprobs", pa.list_(pa.float32()), nullable=False),
+        pa.field("action_mask", pa.list_(pa.int8()), nullable=False),
+        pa.field("feedback", pa.string(), nullable=False),
+        pa.field("reward", pa.float64(), nullable=True),
+        pa.field("process_reward", pa.list_(pa.float64()), nullable=False),
+        pa.field("done", pa.bool_(), nullable=False),
+        pa.field("truncated", pa.bool_(), nullable=False),
+        pa.field("finish_reason", pa.string(), nullable=False),
+        pa.field("info", pa.string(), nullable=False),  # JSON object
+    ],
+    metadata={"agent_r1.schema": "step_record", "agent_r1.schema_version": "1"},
+)
+
+
+@dataclass
+class StepRecord:
+    trajectory_id: str
+    group_id: str
+    step_index: int
+    obs_token_ids: list[int]
+    action_token_ids: list[int]
+    action_logprobs: list[float]
+    action_mask: list[int]
+    policy_version: int = 0
+    prefix_len: int = 0  # leading obs tokens equal to the previous step's obs + action
+    feedback: str = ""
+    reward: float | None = None  # None until scored
+    process_reward: list[float | None] = field(default_factory=list)  # one per tool call
+    done: bool = False
+    truncated: bool = False
+    finish_reason: str = FinishReason.STOP.value
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.action_token_ids)
+        if len(self.action_logprobs) != n or len(self.action_mask) != n:
+            raise ValueError(
+                f"step {self.trajectory_id}/{self.step_index}: action ids ({n}), logprobs "
+                f"({len(self.action_logprobs)}) and mask ({len(self.action_mask)}) differ in length"
+            )
+        if not 0 <= self.prefix_len <= len(self.obs_token_ids):
+            raise ValueError(
+                f"step {self.trajectory_id}/{self.step_index}: prefix_len {self.prefix_len} outside "
+                f"[0, {len(self.obs_token_ids)}]"
+            )
+        FinishReason(self.finish_reason)  # raises on free text
+
+    @property
+    def num_trainable_tokens(self) -> int:
+        return sum(self.action_mask)
+
+
+@dataclass
+class Trajectory:
+    """The steps of one episode, in order."""
+
+    trajectory_id: str
+    group_id: str
+    steps: list[StepRecord] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total_reward(self) -> float:
+        return sum(s.reward or 0.0 for s in self.steps)
+
+    @property
+    def num_tool_calls(self) -> int:
+        return sum(len(s.process_reward) for s in self.steps)
+
+
+def records_to_table(records: list[StepRecord]) -> pa.Table:
+    cols: dict[str, list[Any]] = {f.name: [] for f in fields(StepRecord)}
+    for r in records:
+        for k, v in asdict(r).items():
+            cols[k].append(v)
+    cols["info"] = [json.dumps(i, sort_keys=True, ensure_ascii=False) for i in cols["info"]]
+    # Arrow lists cannot hold None reliably for float64 with nullable=False items -> NaN marks "no reward"
+    cols["process_reward"] = [
+        [float("nan") if x is None else float(x) for x in pr] for pr in cols["process_reward"]
+    ]
+    return pa.Table.from_pydict({f.name: cols[f.name] for f in STEP_SCHEMA}, schema=STEP_SCHEMA)
+
+
+def records_from_table(table: pa.Table) -> list[StepRecord]:
+    if not table.schema.equals(STEP_SCHEMA, check_metadata=False):
+        missing = set(STEP_SCHEMA.names) - set(table.schema.names)
+        extra = set(table.schema.names) - set(STEP_SCHEMA.names)
+        raise ValueError(
+            f"not a step-record table: missing columns {sorted(missing)}, unexpected {sorted(extra)}"
+        )
+    out = []
+    for row in table.to_pylist():
+        row["info"] = json.loads(row["info"])
+        row["process_reward"] = [None if x != x else x for x in row["process_reward"]]  # NaN -> None
+        out.append(StepRecord(**row))
+    return out

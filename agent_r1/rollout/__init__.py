@@ -1,0 +1,1 @@
+"""Rollout layer: the generate protocol and the engines behind it."""

@@ -1,0 +1,65 @@
+"""GSM8K rows. Reads the public layout (``{"question", "answer": "... #### N"}`` as jsonl or
+parquet) when the user has a copy; ships 22 hand-written GSM8K-style problems (``problems.jsonl``)
+for tests and demos, since no GSM8K copy is available offline.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from agent_r1.data.rows import DataRow, RowError
+from agent_r1.rewards.answer import normalize_number
+
+AGENT = "gsm8k"
+INSTRUCTION = "Let's think step by step and put the final answer in \\boxed{}."
+SAMPLE = Path(__file__).with_name("problems.jsonl")
+
+
+def read_gsm8k(path: str | Path) -> list[dict[str, Any]]:
+    """Problems from a GSM8K jsonl or parquet file, with ``ground_truth`` parsed from ``#### N``."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        raw = pq.read_table(path).to_pylist()
+    else:
+        raw = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    out = []
+    for i, r in enumerate(raw):
+        if not isinstance(r.get("question"), str) or not isinstance(r.get("answer"), str):
+            raise RowError(f"{path} row {i}: needs string keys 'question' and 'answer'")
+        if "####" not in r["answer"]:
+            raise RowError(f"{path} row {i}: key 'answer' has no '#### N' final answer")
+        truth = r["answer"].rsplit("####", 1)[1].strip().replace(",", "")
+        if normalize_number(truth) is None:
+            raise RowError(f"{path} row {i}: key 'answer': final answer {truth!r} is not a number")
+        out.append({"question": r["question"], "solution": r["answer"], "ground_truth": truth})
+    return out
+
+
+def to_row(
+    p: dict[str, Any], agent: str, system: str | None, split: str, env_kwargs: dict[str, Any] | None = None
+) -> DataRow:
+    prompt = [{"role": "system", "content": system}] if system else []
+    prompt.append({"role": "user", "content": f"{p['question']}\n{INSTRUCTION}"})
+    return DataRow(
+        prompt=prompt,
+        agent_name=agent,
+        reward_model={"style": "math_number", "ground_truth": p["ground_truth"]},
+        data_source="gsm8k",
+        env_kwargs=env_kwargs or {},
+        extra_info={"split": split},
+    )
+
+
+def build_rows(
+    split: str = "train", num: int | None = None, seed: int = 0, path: str | None = None
+) -> list[DataRow]:
+    problems = read_gsm8k(path or SAMPLE)
+    return [to_row(p, AGENT, None, split) for p in problems[:num]]
+
+
+def corpus(num: int = 0, seed: int = 0) -> list[str]:
+    return [p["question"] + "\n" + p["solution"] for p in read_gsm8k(SAMPLE)]

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen3 with a BPE tokenizer trained on the arithmetic_tool recipe."""
+    from agent_r1.models.tiny import build_tiny_model
+    from agent_r1.tools import TOOLS
+    from recipes import load_recipe
+
+    out = tmp_path_factory.mktemp("tiny") / "qwen3"
+    texts = load_recipe("arithmetic_tool").corpus(num=300) + load_recipe("gsm8k").corpus()
+    return build_tiny_model(out, texts, [TOOLS.get("calculator")().schema], arch="qwen3", vocab_size=800)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def codec(tokenizer):
+    from agent_r1.agent.chat import ChatCodec
+
+    return ChatCodec(tokenizer)

@@ -1,0 +1,26 @@
+"""A scripted policy for agent-layer tests: it "samples" given texts, token for token.
+
+The agent layer is what is under test, so the policy's output is a test input. Logprobs are
+distinct per position so a test can tell whether they were kept in order.
+"""
+
+from __future__ import annotations
+
+from agent_r1.agent.chat import ChatCodec
+from agent_r1.rollout.protocol import Completion, FinishReason, SamplingParams
+
+
+class ScriptedPolicy:
+    def __init__(self, codec: ChatCodec, responses: list[str], version: int = 3, close: bool = True):
+        self.codec, self.responses, self.version, self.close = codec, list(responses), version, close
+        self.calls: list[tuple[list[int], SamplingParams]] = []
+
+    async def __call__(self, token_ids: list[int], sampling: SamplingParams) -> Completion:
+        self.calls.append((list(token_ids), sampling))
+        text = self.responses.pop(0)
+        ids = self.codec.encode(text) + ([self.codec.im_end_id] if self.close else [])
+        reason = FinishReason.STOP
+        if len(ids) > sampling.max_new_tokens:
+            ids, reason = ids[: sampling.max_new_tokens], FinishReason.LENGTH
+        logprobs = [-0.01 * (i + 1) for i in range(len(ids))]
+        return Completion(ids, logprobs, reason, self.version)

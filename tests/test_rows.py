@@ -1,0 +1,66 @@
+import pytest
+
+from agent_r1.agent.flow import AGENTS
+from agent_r1.data.rows import DataRow, RowError, load_rows, validate_row, write_rows
+
+
+def _raw(**kw):
+    raw = {
+        "data_source": "x",
+        "agent_name": "tool_agent",
+        "prompt": [{"role": "user", "content": "hi"}],
+        "reward_model": {"style": "math_number", "ground_truth": "1"},
+        "env_kwargs": '{"tools": ["calculator"]}',
+    }
+    raw.update(kw)
+    return raw
+
+
+def test_valid_row():
+    r = validate_row(_raw())
+    assert r.env_kwargs == {"tools": ["calculator"]} and r.extra_info == {}
+
+
+@pytest.mark.parametrize(
+    "patch,msg",
+    [
+        ({"prompt": None}, r"missing key\(s\) \['prompt'\]"),
+        ({"prompt": []}, "key 'prompt' must be a non-empty list"),
+        ({"prompt": [{"role": "robot", "content": "x"}]}, r"key 'prompt\[0\]'"),
+        ({"prompt": [{"role": "user", "content": 3}]}, r"key 'prompt\[0\]'"),
+        ({"agent_name": ""}, "key 'agent_name'"),
+        ({"reward_model": {"ground_truth": "1"}}, "key 'reward_model'"),
+        ({"env_kwargs": "{not json"}, "key 'env_kwargs' is not valid JSON"),
+        ({"env_kwargs": "[1, 2]"}, "key 'env_kwargs' must be a JSON object"),
+        ({"extra_info": "nope"}, "key 'extra_info' is not valid JSON"),
+    ],
+)
+def test_invalid_rows_name_the_key(patch, msg):
+    with pytest.raises(RowError, match=msg):
+        validate_row(_raw(**patch), "row 7")
+
+
+def test_parquet_roundtrip_and_errors_name_file_and_row(tmp_path):
+    rows = [
+        validate_row(_raw()),
+        DataRow(
+            [{"role": "user", "content": "q"}],
+            "single_step",
+            {"style": "math_number", "ground_truth": 3},
+            "y",
+        ),
+    ]
+    path = write_rows(rows, tmp_path / "rows.parquet")
+    back = load_rows(path, AGENTS)
+    assert back[0] == rows[0] and back[1].reward_model == {"style": "math_number", "ground_truth": "3"}
+
+    bad = [
+        rows[0],
+        DataRow([{"role": "user", "content": "q"}], "no_such_agent", {"style": "s", "ground_truth": 1}, "y"),
+    ]
+    path = write_rows(bad, tmp_path / "bad.parquet")
+    with pytest.raises(RowError, match=r"bad.parquet row 1: key 'agent_name': unknown agent 'no_such_agent'"):
+        load_rows(path, AGENTS)
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet")
+    with pytest.raises(RowError, match="junk.parquet: cannot read parquet"):
+        load_rows(tmp_path / "junk.parquet")

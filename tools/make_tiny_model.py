@@ -1,0 +1,47 @@
+#!/usr/bin/env python
+"""Build a tiny random HF model + BPE tokenizer trained on a recipe's text (CPU tests, quickstart).
+
+python tools/make_tiny_model.py --recipe arithmetic_tool --arch qwen3 --out artifacts/tiny-qwen3
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from agent_r1.models.tiny import ARCHS, build_tiny_model
+from agent_r1.tools import TOOLS
+from recipes import RECIPES, load_recipe
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--recipe", default="arithmetic_tool", choices=RECIPES, help="whose text trains the tokenizer"
+    )
+    ap.add_argument("--arch", default="qwen3", choices=ARCHS)
+    ap.add_argument("--out", required=True, help="output folder (an HF model folder)")
+    ap.add_argument("--vocab-size", type=int, default=1024)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    texts = load_recipe(a.recipe).corpus()
+    out = build_tiny_model(
+        a.out,
+        texts,
+        [TOOLS.get("calculator")().schema],
+        a.arch,
+        a.vocab_size,
+        a.hidden,
+        a.layers,
+        a.heads,
+        a.kv_heads,
+        seed=a.seed,
+    )
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
