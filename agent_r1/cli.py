@@ -123,10 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", required=True)
     d.set_defaults(fn=_data)
+
+    from agent_r1.records.cli import add_parser as add_records
+
+    add_records(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `agent-r1 ... | head` ends quietly
     a = build_parser().parse_args(argv)
     return a.fn(a)
 

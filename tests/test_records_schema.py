@@ -8,7 +8,13 @@ from scripted import ScriptedPolicy
 from agent_r1.agent.flow import AgentEnvLoop
 from agent_r1.agent.tool_calls import format_tool_call
 from agent_r1.data.rows import DataRow
-from agent_r1.records.schema import STEP_SCHEMA, StepRecord, records_from_table, records_to_table
+from agent_r1.records.schema import (
+    STEP_SCHEMA,
+    StepRecord,
+    check_schema,
+    records_from_table,
+    records_to_table,
+)
 
 
 def _f32(xs):
@@ -88,3 +94,11 @@ def test_schema_mismatch_is_reported():
     t = records_to_table([_record()]).drop_columns(["prefix_len"])
     with pytest.raises(ValueError, match=r"missing columns \['prefix_len'\]"):
         records_from_table(t)
+    t = records_to_table([_record()])
+    with pytest.raises(ValueError, match="column 'reward' has type string"):
+        check_schema(t.set_column(t.schema.get_field_index("reward"), "reward", pa.array(["x"])).schema)
+    with pytest.raises(ValueError, match="unexpected column 'bogus'"):
+        check_schema(t.append_column("bogus", pa.array([1])).schema)
+    with_adv = t.append_column("advantage", pa.array([0.5]))
+    check_schema(with_adv.schema)
+    assert records_from_table(with_adv) == [_record()]

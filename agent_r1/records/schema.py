@@ -37,6 +37,45 @@ STEP_SCHEMA = pa.schema(
 )
 
 
+# Columns a table may carry besides STEP_SCHEMA: critic values (per step / per token), reference and
+# teacher logprobs, and what the advantage stage writes (per step or per token).
+EXTRA_FIELDS = {
+    f.name: f
+    for f in [
+        pa.field("value", pa.float64()),
+        pa.field("token_values", pa.list_(pa.float32())),
+        pa.field("ref_logprobs", pa.list_(pa.float32())),
+        pa.field("teacher_logprobs", pa.list_(pa.float32())),
+        pa.field("advantage", pa.float64()),
+        pa.field("return", pa.float64()),
+        pa.field("token_advantages", pa.list_(pa.float32())),
+        pa.field("token_returns", pa.list_(pa.float32())),
+    ]
+}
+
+
+def check_schema(schema: pa.Schema, where: str = "table") -> None:
+    """Raise ValueError naming ``where`` unless ``schema`` = STEP_SCHEMA columns (same types, same
+    order) followed by known extra columns."""
+    names = schema.names
+    missing = [n for n in STEP_SCHEMA.names if n not in names]
+    if missing:
+        raise ValueError(f"{where}: not a step-record table: missing columns {missing}")
+    for f in STEP_SCHEMA:
+        got = schema.field(f.name).type
+        if not got.equals(f.type):
+            raise ValueError(f"{where}: column {f.name!r} has type {got}, expected {f.type}")
+    for n in names:
+        if n in STEP_SCHEMA.names:
+            continue
+        if n not in EXTRA_FIELDS:
+            raise ValueError(f"{where}: unexpected column {n!r}; known extras: {sorted(EXTRA_FIELDS)}")
+        if not schema.field(n).type.equals(EXTRA_FIELDS[n].type):
+            raise ValueError(
+                f"{where}: column {n!r} has type {schema.field(n).type}, expected {EXTRA_FIELDS[n].type}"
+            )
+
+
 @dataclass
 class StepRecord:
     trajectory_id: str
@@ -99,23 +138,16 @@ def records_to_table(records: list[StepRecord]) -> pa.Table:
         for k, v in asdict(r).items():
             cols[k].append(v)
     cols["info"] = [json.dumps(i, sort_keys=True, ensure_ascii=False) for i in cols["info"]]
-    # Arrow lists cannot hold None reliably for float64 with nullable=False items -> NaN marks "no reward"
-    cols["process_reward"] = [
-        [float("nan") if x is None else float(x) for x in pr] for pr in cols["process_reward"]
-    ]
+    # a None item (a tool with no opinion) stays a null inside the list
+    cols["process_reward"] = [[None if x is None else float(x) for x in pr] for pr in cols["process_reward"]]
     return pa.Table.from_pydict({f.name: cols[f.name] for f in STEP_SCHEMA}, schema=STEP_SCHEMA)
 
 
 def records_from_table(table: pa.Table) -> list[StepRecord]:
-    if not table.schema.equals(STEP_SCHEMA, check_metadata=False):
-        missing = set(STEP_SCHEMA.names) - set(table.schema.names)
-        extra = set(table.schema.names) - set(STEP_SCHEMA.names)
-        raise ValueError(
-            f"not a step-record table: missing columns {sorted(missing)}, unexpected {sorted(extra)}"
-        )
+    """StepRecords of a table (extra columns such as ``advantage`` are left out)."""
+    check_schema(table.schema)
     out = []
-    for row in table.to_pylist():
+    for row in table.select(STEP_SCHEMA.names).to_pylist():
         row["info"] = json.loads(row["info"])
-        row["process_reward"] = [None if x != x else x for x in row["process_reward"]]  # NaN -> None
         out.append(StepRecord(**row))
     return out

@@ -1,0 +1,145 @@
+"""Writing step-record shards: one Arrow IPC file per writer per iteration, committed atomically.
+
+Layout under a records directory (``run_dir/records``)::
+
+    iter_000003/
+        shard_w0001.arrow        Arrow IPC file (compressed buffers)
+        shard_w0001.meta.json    rows, bytes, crc32, policy versions -- its presence = committed
+        manifest.json            the iteration's writers and totals -- written last
+
+Each file goes temp -> fsync -> rename, so a reader sees a whole shard or none. Committing the
+same content twice is a no-op; different content under a committed name is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from agent_r1.records.schema import check_schema
+
+COMPRESSIONS = ("zstd", "lz4", "none")
+
+
+class ShardError(ValueError):
+    """A shard or manifest is missing, truncated, corrupt, or does not match its metadata."""
+
+
+@dataclass
+class ShardMeta:
+    name: str  # file name of the shard, e.g. shard_w0001.arrow
+    rows: int
+    bytes: int
+    crc32: int
+    compression: str
+    policy_version_min: int
+    policy_version_max: int
+    num_trajectories: int
+    created: float
+
+
+def iteration_dir(records_dir: str | Path, iteration: int) -> Path:
+    return Path(records_dir) / f"iter_{iteration:06d}"
+
+
+def shard_name(writer: int | str) -> str:
+    return f"shard_w{writer:04d}.arrow" if isinstance(writer, int) else f"shard_{writer}.arrow"
+
+
+def _atomic_write(path: Path, data: bytes | memoryview) -> None:
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
+
+
+def serialize(table: pa.Table, compression: str = "zstd") -> pa.Buffer:
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"records.compression must be one of {COMPRESSIONS}, got {compression!r}")
+    sink = pa.BufferOutputStream()
+    opts = pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
+    with pa.ipc.new_file(sink, table.schema, options=opts) as w:
+        w.write_table(table, max_chunksize=64 * 1024)
+    return sink.getvalue()
+
+
+def write_shard(
+    records_dir: str | Path, iteration: int, writer: int | str, table: pa.Table, compression: str = "zstd"
+) -> ShardMeta:
+    """Commit ``table`` as this writer's shard of ``iteration``; returns its metadata."""
+    check_schema(table.schema, f"shard {shard_name(writer)} of iteration {iteration}")
+    d = iteration_dir(records_dir, iteration)
+    d.mkdir(parents=True, exist_ok=True)
+    name = shard_name(writer)
+    buf = serialize(table, compression)
+    crc = zlib.crc32(memoryview(buf))
+    meta_path = d / (name[: -len(".arrow")] + ".meta.json")
+    if meta_path.exists():
+        old = ShardMeta(**json.loads(meta_path.read_text()))
+        if old.crc32 == crc and old.rows == table.num_rows and (d / name).exists():
+            return old  # idempotent re-commit
+        raise ShardError(f"{d / name}: already committed with different content (crc {old.crc32} != {crc})")
+    if (d / "manifest.json").exists():
+        raise ShardError(f"{d}: iteration {iteration} is finalized; cannot add {name}")
+    versions = table.column("policy_version")
+    meta = ShardMeta(
+        name=name,
+        rows=table.num_rows,
+        bytes=buf.size,
+        crc32=crc,
+        compression=compression,
+        policy_version_min=int(pc.min(versions).as_py() or 0),
+        policy_version_max=int(pc.max(versions).as_py() or 0),
+        num_trajectories=len(pc.unique(table.column("trajectory_id"))),
+        created=time.time(),
+    )
+    _atomic_write(d / name, memoryview(buf))
+    _atomic_write(meta_path, _json_bytes(asdict(meta)))  # commit point
+    return meta
+
+
+def committed_shards(records_dir: str | Path, iteration: int) -> list[ShardMeta]:
+    d = iteration_dir(records_dir, iteration)
+    return [ShardMeta(**json.loads(p.read_text())) for p in sorted(d.glob("shard_*.meta.json"))]
+
+
+def finalize_iteration(
+    records_dir: str | Path, iteration: int, expected_writers: int | None = None
+) -> dict[str, Any]:
+    """Write the iteration manifest from the committed shards (idempotent)."""
+    d = iteration_dir(records_dir, iteration)
+    shards = committed_shards(records_dir, iteration)
+    if expected_writers is not None and len(shards) != expected_writers:
+        raise ShardError(f"{d}: {len(shards)} shards committed, expected {expected_writers}")
+    manifest = {
+        "iteration": iteration,
+        "shards": {s.name: asdict(s) for s in shards},
+        "rows": sum(s.rows for s in shards),
+        "num_trajectories": sum(s.num_trajectories for s in shards),
+        "policy_version_min": min((s.policy_version_min for s in shards), default=0),
+        "policy_version_max": max((s.policy_version_max for s in shards), default=0),
+    }
+    path = d / "manifest.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old["shards"] == manifest["shards"]:
+            return old
+        raise ShardError(f"{path}: iteration already finalized with different shards")
+    d.mkdir(parents=True, exist_ok=True)
+    manifest["created"] = time.time()
+    _atomic_write(path, _json_bytes(manifest))
+    return manifest
