@@ -74,7 +74,7 @@ class Advantages:
 class Estimator:
     fn: Callable[[StepInputs, AdvantageConfig, Reducer], Advantages]
     level: str  # "step" or "token"
-    needs: tuple[str, ...] = ()  # inputs it requires: "value", "token_values", "teacher_logprobs"
+    needs: tuple[str, ...] = ()  # inputs it requires: value, token_values, teacher_logprobs, anchor
 
 
 ADVANTAGES: Registry[Estimator] = Registry("advantage estimator")
@@ -97,6 +97,7 @@ def compute_advantages(
         "value": x.value is None,
         "token_values": x.tokens is None or x.tokens.values is None,
         "teacher_logprobs": x.tokens is None or x.tokens.teacher_logprobs is None,
+        "anchor": x.anchor_key is None,
     }
     for need in est.needs:
         if missing[need]:
@@ -206,7 +207,7 @@ def _mix64(k: torch.Tensor) -> torch.Tensor:
     return k ^ (k >> 33)
 
 
-@register("gigpo")
+@register("gigpo", needs=("anchor",))
 def gigpo(x: StepInputs, cfg: AdvantageConfig, reducer: Reducer) -> Advantages:
     """A = A_episode + w A_step. A_episode: GRPO on R_tau. A_step: discounted step returns normalised
     within step groups = steps of the same prompt group with the same anchor observation."""

@@ -61,7 +61,7 @@ def to_step_inputs(
     table: pa.Table,
     process_coef: float = 1.0,
     tokens: bool = False,
-    anchors: str = "info",
+    anchors: bool = False,
 ) -> StepBatch:
     """Flat step tensors (and, with ``tokens``, flat action-token tensors) of a record table."""
     order = pc.sort_indices(table, [("trajectory_id", "ascending"), ("step_index", "ascending")]).to_numpy()
@@ -102,11 +102,11 @@ def to_step_inputs(
         value = torch.from_numpy(v)
     group_key = _keys_for(table.column("group_id"))[first]
     anchor = None
-    if anchors == "info":
+    if anchors:  # info.anchor_obs when every step has one, else the observation itself
         texts = [json.loads(s).get("anchor_obs") for s in table.column("info").to_pylist()]
         if all(t is not None for t in texts):
             anchor = stable_key([str(t) for t in texts])
-    if anchor is None:  # identical observation token ids = identical state
+    if anchors and anchor is None:  # identical observation token ids = identical state
         obs = table.column("obs_token_ids").to_numpy(zero_copy_only=False)
         anchor = stable_key([np.asarray(o, dtype=np.int32).tobytes() for o in obs])
     inputs = StepInputs(
@@ -114,7 +114,7 @@ def to_step_inputs(
         group_key=torch.from_numpy(group_key),
         reward=r,
         value=value,
-        anchor_key=torch.from_numpy(anchor),
+        anchor_key=None if anchor is None else torch.from_numpy(anchor),
     )
     if tokens:
         inputs.tokens = _token_inputs(table)

@@ -167,7 +167,9 @@ def cmd_advantages(a: argparse.Namespace) -> int:
             else np.zeros(0, int)
         )
         table = pa.concat_tables(tables) if tables else store.read_shard(it, shards[0]).slice(0, 0)
-        batch = to_step_inputs(table, a.process_coef, tokens=est.level == "token")
+        batch = to_step_inputs(
+            table, a.process_coef, tokens=est.level == "token", anchors="anchor" in est.needs
+        )
         with torch.no_grad():
             adv = compute_advantages(a.estimator, batch.inputs, cfg, reducer)
         out = with_advantages(batch, adv)
