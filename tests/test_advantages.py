@@ -321,7 +321,11 @@ def test_records_to_inputs_and_reward_errors():
     assert b.inputs.num_trajectories == 12
     # steps come back contiguous per trajectory and in step order
     tids = b.table.column("trajectory_id").to_pylist()
-    assert tids == sorted(tids)
+    steps = b.table.column("step_index").to_pylist()
+    seen = [t for i, t in enumerate(tids) if i == 0 or tids[i - 1] != t]
+    assert len(seen) == len(set(seen)) == 12
+    assert all(steps[i] == steps[i - 1] + 1 for i in range(1, len(tids)) if tids[i] == tids[i - 1])
+    assert to_step_inputs(t).identity  # synth writes trajectories in order: no reordering
     reward = t.column("reward").to_pylist()
     i = t.column("done").to_pylist().index(True)
     bad = list(reward)

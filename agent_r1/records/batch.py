@@ -43,8 +43,17 @@ def _keys_for(column: pa.ChunkedArray) -> np.ndarray:
 @dataclass
 class StepBatch:
     inputs: StepInputs
-    order: np.ndarray  # row i of the sorted batch = row order[i] of the table
-    table: pa.Table  # the table, sorted
+    order: np.ndarray  # step i of ``inputs`` = row order[i] of the table
+    source: pa.Table  # the table as given
+
+    @property
+    def identity(self) -> bool:
+        return bool((self.order == np.arange(len(self.order))).all())
+
+    @property
+    def table(self) -> pa.Table:
+        """The table in the order of ``inputs`` (no copy when it was already in that order)."""
+        return self.source if self.identity else self.source.take(pa.array(self.order))
 
 
 def _process_sums(col: pa.ChunkedArray, n: int) -> np.ndarray:
@@ -52,52 +61,59 @@ def _process_sums(col: pa.ChunkedArray, n: int) -> np.ndarray:
     flat = pc.list_flatten(arr)
     parents = pc.list_parent_indices(arr).to_numpy()
     vals = flat.fill_null(0.0).to_numpy(zero_copy_only=False)
-    if not np.isfinite(vals).all():
-        return np.full(n, np.nan)  # reported with the trajectory by the caller
-    return np.bincount(parents, weights=vals, minlength=n)
+    out = np.bincount(parents, weights=vals, minlength=n)
+    if not np.isfinite(vals).all():  # reported with the trajectory by the caller
+        out[parents[~np.isfinite(vals)]] = np.nan
+    return out
+
+
+def _np(table: pa.Table, name: str) -> np.ndarray:
+    return table.column(name).to_numpy(zero_copy_only=False)
 
 
 def to_step_inputs(
-    table: pa.Table,
-    process_coef: float = 1.0,
-    tokens: bool = False,
-    anchors: bool = False,
+    table: pa.Table, process_coef: float = 1.0, tokens: bool = False, anchors: bool = False
 ) -> StepBatch:
-    """Flat step tensors (and, with ``tokens``, flat action-token tensors) of a record table."""
-    order = pc.sort_indices(table, [("trajectory_id", "ascending"), ("step_index", "ascending")]).to_numpy()
-    table = table.take(pa.array(order))
-    n = table.num_rows
-    traj_col = table.column("trajectory_id")
-    enc = pc.dictionary_encode(traj_col).combine_chunks()
-    traj = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    # sorted by id -> contiguous; re-index 0..T-1 in order of appearance
-    starts = np.ones(n, dtype=bool)
-    starts[1:] = traj[1:] != traj[:-1]
-    traj = np.cumsum(starts) - 1
-    first = np.flatnonzero(starts)
-    ids = traj_col.take(pa.array(first)).to_pylist()
+    """Flat step tensors (and, with ``tokens``, flat action-token tensors) of a record table.
 
-    reward = table.column("reward").to_numpy(zero_copy_only=False).astype(np.float64)  # null -> nan
-    done = table.column("done").to_numpy(zero_copy_only=False)
-    null = pc.is_null(table.column("reward")).to_numpy(zero_copy_only=False)
-    if null[done].any():
-        t = ids[traj[np.flatnonzero(null & done)[0]]]
-        raise RewardError(f"trajectory {t!r}: terminal step has no reward (unscored)")
-    reward = np.where(null, 0.0, reward)
-    proc = _process_sums(table.column("process_reward"), n)
+    Steps are grouped by trajectory (in order of first appearance) and ordered by step index; a
+    table already in that order (as writers commit it) is used without any copy."""
+    n = table.num_rows
+    enc = pc.dictionary_encode(table.column("trajectory_id")).combine_chunks()
+    codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    step_idx = _np(table, "step_index").astype(np.int64)
+    in_order = n == 0 or bool(
+        ((np.diff(codes) == 0) & (np.diff(step_idx) > 0) | (np.diff(codes) == 1)).all() and codes[0] == 0
+    )
+    order = np.arange(n) if in_order else np.lexsort((step_idx, codes))
+    codes = codes[order]
+    starts = np.ones(n, dtype=bool)
+    starts[1:] = codes[1:] != codes[:-1]
+    traj = np.cumsum(starts) - 1
+    first = order[np.flatnonzero(starts)]  # table row of each trajectory's first step
+    names = enc.dictionary
+
+    def tid(i: int) -> str:
+        return names[int(codes[i])].as_py()
+
+    reward_null = pc.is_null(table.column("reward")).to_numpy(zero_copy_only=False)[order]
+    done = _np(table, "done")[order]
+    if reward_null[done].any():
+        raise RewardError(
+            f"trajectory {tid(int(np.flatnonzero(reward_null & done)[0]))!r}: terminal step has no reward (unscored)"
+        )
+    reward = np.where(reward_null, 0.0, _np(table, "reward")[order].astype(np.float64))
+    proc = _process_sums(table.column("process_reward"), n)[order]
     bad = ~np.isfinite(reward) | ~np.isfinite(proc)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise RewardError(
-            f"trajectory {ids[traj[i]]!r} step {table.column('step_index')[i].as_py()}: non-finite reward"
-        )
-    r = combine_rewards(torch.from_numpy(reward), torch.from_numpy(proc), process_coef)
+        raise RewardError(f"trajectory {tid(i)!r} step {int(step_idx[order][i])}: non-finite reward")
     value = None
     if "value" in table.column_names:
-        v = table.column("value").to_numpy(zero_copy_only=False).astype(np.float64)
+        v = _np(table, "value")[order].astype(np.float64)
         if not np.isfinite(v).all():
             raise RewardError(
-                f"trajectory {ids[traj[int(np.flatnonzero(~np.isfinite(v))[0])]]!r}: non-finite value"
+                f"trajectory {tid(int(np.flatnonzero(~np.isfinite(v))[0]))!r}: non-finite value"
             )
         value = torch.from_numpy(v)
     group_key = _keys_for(table.column("group_id"))[first]
@@ -105,20 +121,33 @@ def to_step_inputs(
     if anchors:  # info.anchor_obs when every step has one, else the observation itself
         texts = [json.loads(s).get("anchor_obs") for s in table.column("info").to_pylist()]
         if all(t is not None for t in texts):
-            anchor = stable_key([str(t) for t in texts])
-    if anchors and anchor is None:  # identical observation token ids = identical state
-        obs = table.column("obs_token_ids").to_numpy(zero_copy_only=False)
-        anchor = stable_key([np.asarray(o, dtype=np.int32).tobytes() for o in obs])
+            anchor = stable_key([str(t) for t in texts])[order]
+        else:  # identical observation token ids = identical state
+            obs = table.column("obs_token_ids").to_numpy(zero_copy_only=False)
+            anchor = stable_key([np.asarray(o, dtype=np.int32).tobytes() for o in obs])[order]
     inputs = StepInputs(
         traj=torch.from_numpy(traj),
         group_key=torch.from_numpy(group_key),
-        reward=r,
+        reward=combine_rewards(torch.from_numpy(reward), torch.from_numpy(proc), process_coef),
         value=value,
         anchor_key=None if anchor is None else torch.from_numpy(anchor),
     )
+    batch = StepBatch(inputs, order, table)
     if tokens:
-        inputs.tokens = _token_inputs(table)
-    return StepBatch(inputs, order, table)
+        cols = [
+            c
+            for c in (
+                "action_token_ids",
+                "action_mask",
+                "action_logprobs",
+                "token_values",
+                "teacher_logprobs",
+            )
+            if c in table.column_names
+        ]
+        t = table.select(cols)
+        inputs.tokens = _token_inputs(t if in_order else t.take(pa.array(order)))
+    return batch
 
 
 def _flat_list(table: pa.Table, name: str, dtype) -> np.ndarray:
@@ -141,7 +170,7 @@ def _token_inputs(table: pa.Table) -> TokenInputs:
 
 def with_advantages(batch: StepBatch, adv: Advantages) -> pa.Table:
     """The (sorted) table plus ``advantage``/``return`` or ``token_advantages``/``token_returns``."""
-    t = batch.table
+    t = batch.table  # in step order
     for name in ("advantage", "return", "token_advantages", "token_returns"):
         if name in t.column_names:
             t = t.drop_columns([name])

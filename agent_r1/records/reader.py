@@ -1,6 +1,6 @@
 """Reading committed step-record shards: memory-mapped, verified, selected by rank or group.
 
-Every shard is checked before use: its size and CRC32 against the metadata written at commit, its
+Every shard is checked before use: its size and xxh3-64 checksum against the metadata written at commit, its
 Arrow footer, schema and row count. Any mismatch raises ``ShardError`` naming the file; nothing is
 silently consumed. With ``compression="none"`` the columns are zero-copy views of the mapping.
 """
@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from agent_r1.records.schema import check_schema
-from agent_r1.records.shard import ShardError, ShardMeta, iteration_dir
+from agent_r1.records.shard import ShardError, ShardMeta, file_checksum, iteration_dir
 
 
 def group_hash(group_ids: list[str]) -> np.ndarray:
@@ -67,14 +67,13 @@ class RecordStore:
         size = path.stat().st_size
         if size != meta.bytes:
             raise ShardError(f"{path}: truncated or overwritten: {size} bytes, manifest says {meta.bytes}")
-        mm = pa.memory_map(str(path))
         if verify:
-            crc = zlib.crc32(memoryview(mm.read_buffer(size)))
-            if crc != meta.crc32:
+            checksum, _ = file_checksum(path)
+            if checksum != meta.checksum:
                 raise ShardError(
-                    f"{path}: checksum mismatch (crc32 {crc} != {meta.crc32}): the file is corrupt"
+                    f"{path}: checksum mismatch ({checksum} != {meta.checksum}): the file is corrupt"
                 )
-            mm.seek(0)
+        mm = pa.memory_map(str(path))
         try:
             table = pa.ipc.open_file(mm).read_all()
         except (pa.ArrowInvalid, OSError) as e:

@@ -3,8 +3,9 @@
 Layout under a records directory (``run_dir/records``)::
 
     iter_000003/
-        shard_w0001.arrow        Arrow IPC file (compressed buffers)
-        shard_w0001.meta.json    rows, bytes, crc32, policy versions -- its presence = committed
+        shard_w0001.arrow        Arrow IPC file (uncompressed by default: zero-copy mmap reads;
+                                 lz4 / zstd buffer compression for slow filesystems or archives)
+        shard_w0001.meta.json    rows, bytes, xxh3-64 checksum, policy versions -- its presence = committed
         manifest.json            the iteration's writers and totals -- written last
 
 Each file goes temp -> fsync -> rename, so a reader sees a whole shard or none. Committing the
@@ -16,17 +17,17 @@ from __future__ import annotations
 import json
 import os
 import time
-import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import xxhash
 
 from agent_r1.records.schema import check_schema
 
-COMPRESSIONS = ("zstd", "lz4", "none")
+COMPRESSIONS = ("none", "lz4", "zstd")
 
 
 class ShardError(ValueError):
@@ -38,7 +39,7 @@ class ShardMeta:
     name: str  # file name of the shard, e.g. shard_w0001.arrow
     rows: int
     bytes: int
-    crc32: int
+    checksum: str  # xxh3-64 of the file, hex
     compression: str
     policy_version_min: int
     policy_version_max: int
@@ -67,47 +68,75 @@ def _json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
 
 
-def serialize(table: pa.Table, compression: str = "zstd") -> pa.Buffer:
+def _ipc_options(compression: str) -> pa.ipc.IpcWriteOptions:
     if compression not in COMPRESSIONS:
         raise ValueError(f"records.compression must be one of {COMPRESSIONS}, got {compression!r}")
+    return pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
+
+
+def serialize(table: pa.Table, compression: str = "zstd") -> pa.Buffer:
+    """The shard bytes in memory (tests, small tables); ``write_shard`` streams to the file."""
     sink = pa.BufferOutputStream()
-    opts = pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
-    with pa.ipc.new_file(sink, table.schema, options=opts) as w:
+    with pa.ipc.new_file(sink, table.schema, options=_ipc_options(compression)) as w:
         w.write_table(table, max_chunksize=64 * 1024)
     return sink.getvalue()
 
 
+def file_checksum(path: Path) -> tuple[str, int]:
+    """(xxh3-64 hex, size) of a file, hashed through a memory map (GB/s; no copy)."""
+    size = path.stat().st_size
+    if size == 0:
+        return xxhash.xxh3_64_hexdigest(b""), 0
+    with pa.memory_map(str(path)) as mm:
+        return xxhash.xxh3_64_hexdigest(memoryview(mm.read_buffer(size))), size
+
+
 def write_shard(
-    records_dir: str | Path, iteration: int, writer: int | str, table: pa.Table, compression: str = "zstd"
+    records_dir: str | Path, iteration: int, writer: int | str, table: pa.Table, compression: str = "none"
 ) -> ShardMeta:
     """Commit ``table`` as this writer's shard of ``iteration``; returns its metadata."""
     check_schema(table.schema, f"shard {shard_name(writer)} of iteration {iteration}")
     d = iteration_dir(records_dir, iteration)
     d.mkdir(parents=True, exist_ok=True)
     name = shard_name(writer)
-    buf = serialize(table, compression)
-    crc = zlib.crc32(memoryview(buf))
+    # stream the IPC file straight to a temp file (an in-memory buffer would cost a copy), fsync
+    tmp = d / f".{name}.tmp.{os.getpid()}"
+    with (
+        pa.OSFile(str(tmp), "wb") as f,
+        pa.ipc.new_file(f, table.schema, options=_ipc_options(compression)) as w,
+    ):
+        w.write_table(table, max_chunksize=64 * 1024)
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    checksum, size = file_checksum(tmp)
     meta_path = d / (name[: -len(".arrow")] + ".meta.json")
     if meta_path.exists():
         old = ShardMeta(**json.loads(meta_path.read_text()))
-        if old.crc32 == crc and old.rows == table.num_rows and (d / name).exists():
+        tmp.unlink()
+        if old.checksum == checksum and old.rows == table.num_rows and (d / name).exists():
             return old  # idempotent re-commit
-        raise ShardError(f"{d / name}: already committed with different content (crc {old.crc32} != {crc})")
+        raise ShardError(
+            f"{d / name}: already committed with different content (checksum {old.checksum} != {checksum})"
+        )
     if (d / "manifest.json").exists():
+        tmp.unlink()
         raise ShardError(f"{d}: iteration {iteration} is finalized; cannot add {name}")
     versions = table.column("policy_version")
     meta = ShardMeta(
         name=name,
         rows=table.num_rows,
-        bytes=buf.size,
-        crc32=crc,
+        bytes=size,
+        checksum=checksum,
         compression=compression,
         policy_version_min=int(pc.min(versions).as_py() or 0),
         policy_version_max=int(pc.max(versions).as_py() or 0),
         num_trajectories=len(pc.unique(table.column("trajectory_id"))),
         created=time.time(),
     )
-    _atomic_write(d / name, memoryview(buf))
+    os.replace(tmp, d / name)
     _atomic_write(meta_path, _json_bytes(asdict(meta)))  # commit point
     return meta
 
