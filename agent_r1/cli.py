@@ -20,8 +20,6 @@ def _rollout(a: argparse.Namespace) -> int:
     from agent_r1.agent.types import SamplingParams
     from agent_r1.data.rows import load_rows
     from agent_r1.records.schema import records_to_table
-    from agent_r1.rollout.episodes import run_episodes
-    from agent_r1.rollout.hf import HFGenerator
     from recipes import load_all, load_recipe
 
     log = setup_logging("rollout")
@@ -31,7 +29,6 @@ def _rollout(a: argparse.Namespace) -> int:
     else:
         rows = load_recipe(a.recipe).build_rows(split=a.split, num=a.episodes, seed=a.seed)
     codec = ChatCodec(AutoTokenizer.from_pretrained(a.model))
-    generate = HFGenerator(a.model)
     sampling = SamplingParams(
         temperature=a.temperature, top_p=a.top_p, max_new_tokens=a.max_action_tokens, seed=a.seed
     )
@@ -42,9 +39,14 @@ def _rollout(a: argparse.Namespace) -> int:
         sampling=sampling,
     )
     log.info(
-        "%d rows x %d samples, model %s, temperature %g", len(rows), a.group_size, a.model, a.temperature
+        "%d rows x %d samples, model %s, engine %s, temperature %g",
+        len(rows),
+        a.group_size,
+        a.model,
+        a.engine,
+        a.temperature,
     )
-    trajs = asyncio.run(run_episodes(rows, generate, codec, config, a.group_size, progress=not a.no_progress))
+    trajs = asyncio.run(_run_with_engine(a, rows, codec, config))
     for i, t in enumerate(trajs):
         errors = sum(s.info.get("num_tool_errors", 0) for s in t.steps)
         last = t.steps[-1] if t.steps else None
@@ -79,6 +81,42 @@ def _rollout(a: argparse.Namespace) -> int:
     return 0
 
 
+async def _run_with_engine(a: argparse.Namespace, rows, codec, config):
+    """Episodes through the chosen engine: ``embedded`` = an in-process server on a free loopback
+    port behind the same HTTP client used for SGLang; ``hf`` = the transformers reference; a URL =
+    external servers (comma-separated) or an sglang-router (``router=URL``)."""
+    from agent_r1.rollout.client import RolloutClient
+    from agent_r1.rollout.episodes import run_episodes
+
+    if a.engine == "hf":
+        from agent_r1.rollout.hf import HFGenerator
+
+        return await run_episodes(
+            rows, HFGenerator(a.model), codec, config, a.group_size, progress=not a.no_progress
+        )
+    runner = engine = None
+    if a.engine == "embedded":
+        from agent_r1.rollout.engine import Engine
+        from agent_r1.rollout.server import Server
+
+        engine = Engine(a.model, max_len=a.max_obs_tokens + a.max_action_tokens).start()
+        server = Server(engine, "127.0.0.1", 0)
+        runner = await server.start()
+        client = RolloutClient(servers=[f"http://127.0.0.1:{server.port}"])
+    elif a.engine.startswith("router="):
+        client = RolloutClient(router=a.engine.split("=", 1)[1])
+    else:
+        client = RolloutClient(servers=a.engine.split(","))
+    try:
+        await client.wait_ready(120)
+        return await run_episodes(rows, client, codec, config, a.group_size, progress=not a.no_progress)
+    finally:
+        await client.close()
+        if runner is not None:
+            await runner.cleanup()
+            engine.stop()
+
+
 def _data(a: argparse.Namespace) -> int:
     from agent_r1.data.rows import write_rows
     from recipes import load_recipe
@@ -86,6 +124,24 @@ def _data(a: argparse.Namespace) -> int:
     log = setup_logging("data")
     rows = load_recipe(a.recipe).build_rows(split=a.split, num=a.num, seed=a.seed)
     log.info("wrote %d rows to %s", len(rows), write_rows(rows, a.out))
+    return 0
+
+
+def _serve(a: argparse.Namespace) -> int:
+    from agent_r1.rollout.server import serve
+
+    setup_logging("server")
+    serve(
+        a.model,
+        a.host,
+        a.port,
+        a.ready_file,
+        dtype=a.dtype,
+        max_running=a.max_running,
+        max_len=a.max_len,
+        prefill_chunk=a.prefill_chunk,
+        threads=a.threads,
+    )
     return 0
 
 
@@ -112,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-obs-tokens", type=int, default=1536)
     r.add_argument("--max-action-tokens", type=int, default=96)
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--engine", default="embedded", help="embedded (default) | hf | URL[,URL...] | router=URL")
     r.add_argument("--out", help="write the step records to this Arrow IPC file")
     r.add_argument("--no-progress", action="store_true")
     r.set_defaults(fn=_rollout)
@@ -123,6 +180,20 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", required=True)
     d.set_defaults(fn=_data)
+
+    sv = sub.add_parser("serve", help="the embedded rollout engine behind SGLang's HTTP API")
+    sv.add_argument("--model", required=True, help="HF model folder")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=30000, help="0 = any free port")
+    sv.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    sv.add_argument("--max-running", type=int, default=64, help="concurrent requests (KV slots)")
+    sv.add_argument("--max-len", type=int, default=None, help="tokens per request (prompt + output)")
+    sv.add_argument("--prefill-chunk", type=int, default=512, help="prefill tokens per scheduler step")
+    sv.add_argument("--threads", type=int, default=None, help="torch threads")
+    sv.add_argument(
+        "--ready-file", help="write {url} here once listening (run_dir/control/servers/NAME.json)"
+    )
+    sv.set_defaults(fn=_serve)
 
     from agent_r1.records.cli import add_parser as add_records
 

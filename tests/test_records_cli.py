@@ -11,7 +11,9 @@ from agent_r1.records.synth import ragged_arange, synth_table
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "agent_r1.cli", "records", *args], check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        [sys.executable, "-m", "agent_r1.cli", "records", *args], check=True, capture_output=True, text=True
+    ).stdout
 
 
 def test_synth_is_realistic():
@@ -39,7 +41,19 @@ def test_synth_is_realistic():
 
 def test_synth_stats_show(tmp_path):
     d = tmp_path / "records"
-    cli("synth", "--trajectories", "40", "--group-size", "4", "--writers", "3", "--iteration", "2", "--out", str(d))
+    cli(
+        "synth",
+        "--trajectories",
+        "40",
+        "--group-size",
+        "4",
+        "--writers",
+        "3",
+        "--iteration",
+        "2",
+        "--out",
+        str(d),
+    )
     store = RecordStore(d)
     assert store.iterations() == [2] and len(store.shards(2)) == 3
     groups = [set(store.read_shard(2, m).column("group_id").to_pylist()) for m in store.shards(2)]

@@ -32,8 +32,11 @@ async def run_episodes(
 
     async def one(row: DataRow, i: int, k: int) -> Trajectory:
         async with sem:
-            flow = AGENTS.get(row.agent_name).build(generate, codec, config)
-            traj = await flow.run(row, f"{id_prefix}-p{i}-s{k}", f"{id_prefix}-p{i}")
+            tid = f"{id_prefix}-p{i}-s{k}"
+            # a client that routes by session keeps every step of a trajectory on one server
+            gen = generate.session(tid) if hasattr(generate, "session") else generate
+            flow = AGENTS.get(row.agent_name).build(gen, codec, config)
+            traj = await flow.run(row, tid, f"{id_prefix}-p{i}")
             bar.update(1)
             return traj
 

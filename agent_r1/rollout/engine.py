@@ -1,0 +1,508 @@
+"""The embedded rollout engine: continuous batching on a slot KV cache, prefix sharing, SGLang's
+sampling and control semantics. One scheduler thread owns the model; other threads submit
+requests and issue control operations between scheduler steps.
+
+A step: admit waiting requests (reusing the longest cached or running prefix, so the ``n`` samples
+of a group prefill their prompt once) -> chunked prefill under a token budget -> one decode token
+for every running request -> retire finished requests (their KV may stay in the prefix cache).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from agent_r1.rollout.sampling import BadRequest, Sampling, sample
+from agent_r1.rollout.slot_model import SlotModel
+
+log = logging.getLogger("agent_r1.engine")
+
+
+@dataclass
+class Request:
+    rid: str
+    prompt: list[int]
+    sampling: Sampling
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    logprob_start_len: int = -1
+    index: int = 0
+    on_update: Callable[[Request, bool], None] | None = None  # (request, finished), scheduler thread
+    out_ids: list[int] = field(default_factory=list)
+    out_logprobs: list[float] = field(default_factory=list)
+    out_top: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_logprobs: list[float | None] = field(default_factory=list)
+    state: str = "waiting"  # waiting | prefill | decode | done
+    slot: int = -1
+    computed: int = 0  # KV positions valid in the slot
+    cached_tokens: int = 0
+    retractions: int = 0
+    finish: dict[str, Any] | None = None
+    weight_version: str = "default"
+    created: float = field(default_factory=time.time)
+    finished_at: float = 0.0
+    gen: torch.Generator | None = None
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.out_ids
+
+
+def _lcp(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    neq = np.flatnonzero(a[:n] != b[:n])
+    return int(neq[0]) if len(neq) else n
+
+
+class PrefixCache:
+    """KV of finished sequences, LRU-bounded by tokens; the longest prefix match is reused."""
+
+    def __init__(self, max_tokens: int):
+        self.max_tokens = max_tokens
+        self.entries: OrderedDict[int, tuple[np.ndarray, torch.Tensor, torch.Tensor]] = OrderedDict()
+        self.tokens = 0
+        self._ids = itertools.count()
+
+    def add(self, tokens: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
+        n = len(tokens)
+        if n == 0 or n > self.max_tokens:
+            return
+        while self.tokens + n > self.max_tokens and self.entries:
+            _, (t, _, _) = self.entries.popitem(last=False)
+            self.tokens -= len(t)
+        self.entries[next(self._ids)] = (np.asarray(tokens, dtype=np.int64), k, v)
+        self.tokens += n
+
+    def best(self, tokens: np.ndarray) -> tuple[int, int]:
+        best_key, best_len = -1, 0
+        for key, (t, _, _) in self.entries.items():
+            n = _lcp(t, tokens)
+            if n > best_len:
+                best_key, best_len = key, n
+        if best_key >= 0:
+            self.entries.move_to_end(best_key)
+        return best_key, best_len
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.tokens = 0
+
+
+class Engine:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        dtype: str = "float32",
+        max_running: int = 64,
+        max_len: int | None = None,
+        prefill_chunk: int = 512,
+        prefix_cache_tokens: int = 32768,
+        threads: int | None = None,
+    ):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype must be float32 or bfloat16, got {dtype!r}")
+        if threads:
+            torch.set_num_threads(threads)
+        self.model_dir = str(model_dir)
+        self.dtype = dtype
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=getattr(torch, dtype)).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        cfg = self.model.config
+        self.vocab_size = int(cfg.vocab_size)
+        self.eos_ids = self._eos_ids(cfg)
+        self.context_len = int(getattr(cfg, "max_position_embeddings", 4096))
+        self.max_len = min(max_len or self.context_len, self.context_len)
+        self.max_running = max_running
+        self.prefill_chunk = prefill_chunk
+        self.sm = SlotModel(self.model, max_running, self.max_len)
+        self.cache = PrefixCache(prefix_cache_tokens)
+        self.weight_version = "default"
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.paused: str | None = None  # None | abort | retract | in_place
+        self.lock = threading.RLock()
+        self.cv = threading.Condition(self.lock)
+        self._stop = False
+        self._waiters = 0  # control calls waiting for the lock: the scheduler yields to them
+        self._waiters_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._rng = torch.Generator().manual_seed(int(time.time_ns() % (1 << 31)))
+        self.stats = {"generated_tokens": 0, "prefill_tokens": 0, "cached_tokens": 0, "steps": 0}
+
+    def _eos_ids(self, cfg: Any) -> set[int]:
+        eos = getattr(cfg, "eos_token_id", None)
+        ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+    @contextmanager
+    def _control(self) -> Iterator[None]:
+        """Take the engine lock from another thread without starving behind the scheduler loop."""
+        with self._waiters_lock:
+            self._waiters += 1
+        try:
+            with self.cv:
+                yield
+        finally:
+            with self._waiters_lock:
+                self._waiters -= 1
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> Engine:
+        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._control():
+            self._stop = True
+            self.cv.notify_all()
+        if self._thread:
+            self._thread.join(timeout=10)
+
+    # ---- requests --------------------------------------------------------------------------------
+    def make_requests(
+        self,
+        input_ids: list[int],
+        sampling: dict[str, Any] | None,
+        rid: str | None = None,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+        logprob_start_len: int = -1,
+    ) -> list[Request]:
+        """Validate one prompt and expand ``n``; raises BadRequest naming the field."""
+        if not isinstance(input_ids, list) or not input_ids:
+            raise BadRequest("input_ids: must be a non-empty list of token ids")
+        bad = [t for t in input_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise BadRequest(f"input_ids: token id {bad[0]!r} outside the vocabulary [0, {self.vocab_size})")
+        if len(input_ids) >= self.max_len:
+            raise BadRequest(
+                f"input_ids: prompt of {len(input_ids)} tokens does not fit the context length {self.max_len}"
+            )
+        s = Sampling.from_dict(sampling, self.vocab_size)
+        if not isinstance(top_logprobs_num, int) or top_logprobs_num < 0:
+            raise BadRequest(f"top_logprobs_num: must be an integer >= 0, got {top_logprobs_num!r}")
+        if not isinstance(logprob_start_len, int) or logprob_start_len < -1:
+            raise BadRequest(f"logprob_start_len: must be an integer >= -1, got {logprob_start_len!r}")
+        rid = rid or uuid.uuid4().hex
+        out = []
+        for i in range(s.n):
+            gen = (
+                torch.Generator().manual_seed(s.sampling_seed + i)
+                if s.sampling_seed is not None
+                else self._rng
+            )
+            out.append(
+                Request(
+                    rid if s.n == 1 else f"{rid}-{i}",
+                    list(input_ids),
+                    s,
+                    return_logprob,
+                    top_logprobs_num,
+                    logprob_start_len,
+                    index=i,
+                    gen=gen,
+                )
+            )
+        return out
+
+    def submit(self, reqs: list[Request]) -> None:
+        with self._control():
+            self.waiting.extend(reqs)
+            self.cv.notify_all()
+
+    def generate_sync(
+        self, input_ids: list[int], sampling: dict[str, Any] | None = None, **kw: Any
+    ) -> list[Request]:
+        """Blocking helper for in-process use and tests."""
+        reqs = self.make_requests(input_ids, sampling, **kw)
+        done = threading.Event()
+        left = [len(reqs)]
+
+        def cb(r: Request, finished: bool) -> None:
+            if finished:
+                left[0] -= 1
+                if left[0] == 0:
+                    done.set()
+
+        for r in reqs:
+            r.on_update = cb
+        self.submit(reqs)
+        done.wait()
+        return reqs
+
+    # ---- control ---------------------------------------------------------------------------------
+    def abort(self, rid: str = "", abort_all: bool = False) -> int:
+        with self._control():
+            n = 0
+            for r in list(self.waiting) + list(self.running):
+                if abort_all or r.rid == rid or r.rid.startswith(f"{rid}-") and rid:
+                    self._finish(
+                        r, {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+                    )
+                    n += 1
+            self._retire()
+            self.cv.notify_all()
+            return n
+
+    def pause(self, mode: str = "abort") -> None:
+        if mode not in ("abort", "retract", "in_place"):
+            raise BadRequest(f"mode: must be abort, retract or in_place, got {mode!r}")
+        with self._control():
+            self.paused = mode
+            if mode == "abort":
+                self.abort(abort_all=True)
+            elif mode == "retract":
+                for r in reversed(self.running):
+                    r.state, r.slot, r.computed = "waiting", -1, 0
+                    r.retractions += 1
+                    self.waiting.appendleft(r)
+                self.running = []
+
+    def resume(self) -> None:
+        with self._control():
+            self.paused = None
+            self.cv.notify_all()
+
+    def flush_cache(self) -> bool:
+        with self._control():
+            if self.running or self.waiting:
+                return False
+            self.cache.clear()
+            return True
+
+    def update_weights(self, tensors: dict[str, torch.Tensor], version: str | None = None) -> None:
+        """Copy HF-named tensors into the model in place (all checked first: nothing applied on error)."""
+        with self._control():
+            params = dict(self.model.named_parameters())
+            params.update(dict(self.model.named_buffers()))
+            if "lm_head.weight" not in params and getattr(self.model.config, "tie_word_embeddings", False):
+                params["lm_head.weight"] = self.model.get_output_embeddings().weight
+            for name, t in tensors.items():
+                if name not in params:
+                    raise BadRequest(f"names: unknown parameter {name!r}")
+                if tuple(t.shape) != tuple(params[name].shape):
+                    raise BadRequest(
+                        f"shapes: {name} has shape {tuple(t.shape)}, model has {tuple(params[name].shape)}"
+                    )
+            with torch.no_grad():
+                for name, t in tensors.items():
+                    params[name].copy_(t.to(params[name].dtype))
+            self.cache.clear()  # cached KV came from the old weights
+            if version is not None:
+                self.weight_version = str(version)
+
+    def update_weights_from_disk(self, model_path: str, version: str | None = None) -> None:
+        from safetensors.torch import load_file
+
+        files = sorted(Path(model_path).glob("*.safetensors"))
+        if not files:
+            raise BadRequest(f"model_path: no *.safetensors files in {model_path!r}")
+        tensors: dict[str, torch.Tensor] = {}
+        for f in files:
+            tensors.update(load_file(str(f)))
+        self.update_weights(tensors, version)
+
+    def loads(self) -> dict[str, Any]:
+        with self.lock:
+            used = sum(r.computed for r in self.running)
+            return {
+                "num_running_reqs": len(self.running),
+                "num_waiting_reqs": len(self.waiting),
+                "num_used_tokens": used,
+                "num_total_tokens": self.max_running * self.max_len,
+                "max_total_num_tokens": self.max_running * self.max_len,
+                "max_running_requests": self.max_running,
+                "token_usage": used / (self.max_running * self.max_len),
+                "cache_hit_rate": self.stats["cached_tokens"]
+                / max(1, self.stats["cached_tokens"] + self.stats["prefill_tokens"]),
+            }
+
+    # ---- scheduler -------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self.cv:
+                while not self._stop and (self.paused is not None or not (self.waiting or self.running)):
+                    self.cv.wait(timeout=0.5)
+                if self._stop:
+                    return
+                try:
+                    self.step()
+                except Exception as e:  # noqa: BLE001 - fail the requests loudly, keep serving
+                    log.exception("engine step failed")
+                    for r in list(self.running) + list(self.waiting):
+                        self._finish(
+                            r,
+                            {
+                                "type": "abort",
+                                "message": f"engine error: {e}",
+                                "status_code": 500,
+                                "err_type": type(e).__name__,
+                            },
+                        )
+                    self._retire()
+            while self._waiters:  # let control calls (abort, pause, weights) in between steps
+                time.sleep(0.0002)
+
+    def step(self) -> None:
+        """One scheduler step (called with the lock held)."""
+        self.stats["steps"] += 1
+        self._admit()
+        self._prefill()
+        self._decode()
+        self._retire()
+
+    def _blocked_by_sibling(self, toks: np.ndarray) -> bool:
+        """Wait while a request still prefilling shares more of this prompt than it has computed."""
+        for r in self.running:
+            if r.state == "prefill":
+                n = _lcp(np.asarray(r.prompt), toks)
+                if n > r.computed and n > 16:
+                    return True
+        return False
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.max_running:
+            r = self.waiting[0]
+            if r.state == "done":
+                self.waiting.popleft()
+                continue
+            toks = np.asarray(r.tokens, dtype=np.int64)
+            if self._blocked_by_sibling(toks):
+                return
+            self.waiting.popleft()
+            r.slot = len(self.running)
+            self.running.append(r)
+            r.state = "prefill"
+            match = 0
+            if r.logprob_start_len < 0:  # prompt logprobs need the whole prompt computed
+                best_run, best_len = None, 0
+                for o in self.running[:-1]:
+                    n = min(_lcp(np.asarray(o.tokens[: o.computed]), toks), o.computed)
+                    if n > best_len:
+                        best_run, best_len = o, n
+                key, cache_len = self.cache.best(toks)
+                match = min(max(best_len, cache_len), len(toks) - 1)
+                if match > 0 and best_len >= cache_len and best_run is not None:
+                    self.sm.copy_slot(best_run.slot, r.slot, match)
+                elif match > 0:
+                    _, k, v = self.cache.entries[key]
+                    self.sm.load_slot(r.slot, k[:, :, :match], v[:, :, :match])
+            r.computed = r.cached_tokens = match
+            self.stats["cached_tokens"] += match
+            if r.logprob_start_len >= 0:
+                self._input_logprobs(r)
+
+    def _input_logprobs(self, r: Request) -> None:
+        with torch.inference_mode():
+            logits = self.model(input_ids=torch.tensor([r.prompt])).logits[0].float()
+        t = r.sampling.temperature or 1.0
+        logp = torch.log_softmax(logits / t, -1)
+        vals: list[float | None] = [None] + [float(logp[i - 1, r.prompt[i]]) for i in range(1, len(r.prompt))]
+        r.input_logprobs = vals[r.logprob_start_len :]
+
+    def _prefill(self) -> None:
+        budget = self.prefill_chunk
+        for r in self.running:
+            if r.state != "prefill" or budget <= 0:
+                continue
+            toks = r.tokens
+            n = min(len(toks) - r.computed, budget)
+            logits = self.sm.prefill(r.slot, toks[r.computed : r.computed + n], r.computed)
+            r.computed += n
+            budget -= n
+            self.stats["prefill_tokens"] += n
+            if r.computed == len(toks):
+                r.state = "decode"
+                self._emit(r, logits)
+
+    def _decode(self) -> None:
+        rows = [r for r in self.running if r.state == "decode" and r.finish is None]
+        if not rows:
+            return
+        ids = torch.zeros(len(self.running), dtype=torch.long)
+        pos = torch.zeros(len(self.running), dtype=torch.long)
+        for i, r in enumerate(self.running):
+            pos[i] = min(r.computed, self.max_len - 1)
+            if r.state == "decode" and r.finish is None:
+                ids[i] = r.out_ids[-1]
+        logits = self.sm.decode(ids, pos)
+        for i, r in enumerate(self.running):
+            if r.state == "decode" and r.finish is None:
+                r.computed += 1
+                self._emit(r, logits[i])
+
+    def _emit(self, r: Request, logits: torch.Tensor) -> None:
+        """Sample the next token of ``r`` from ``logits`` (V,), record it, check the stop rules."""
+        s = r.sampling
+        stops = set(s.stop_token_ids) | (set() if s.ignore_eos else self.eos_ids)
+        banned = sorted(stops) if len(r.out_ids) < s.min_new_tokens else None
+        logits = logits[: self.vocab_size]
+        tok, lp = sample(logits, s, r.gen, banned)
+        r.out_ids.append(tok)
+        r.out_logprobs.append(lp)
+        self.stats["generated_tokens"] += 1
+        if r.top_logprobs_num:
+            logp = torch.log_softmax(logits / (s.temperature or 1.0), -1)
+            top = torch.topk(logp, min(r.top_logprobs_num, logp.numel()))
+            r.out_top.append([(float(v), int(i)) for v, i in zip(top.values, top.indices, strict=True)])
+        if tok in stops and len(r.out_ids) > s.min_new_tokens - 1:
+            self._finish(r, {"type": "stop", "matched": tok})
+        elif s.stop and (m := self._stop_string(r)) is not None:
+            self._finish(r, {"type": "stop", "matched": m})
+        elif len(r.out_ids) >= s.max_new_tokens or len(r.tokens) >= self.max_len:
+            self._finish(r, {"type": "length", "length": len(r.out_ids)})
+        elif r.on_update is not None:
+            r.on_update(r, False)
+
+    def _stop_string(self, r: Request) -> str | None:
+        if len(r.out_ids) < r.sampling.min_new_tokens:
+            return None
+        tail = self.tokenizer.decode(r.out_ids[-64:], skip_special_tokens=r.sampling.skip_special_tokens)
+        for st in r.sampling.stop:
+            if st in tail:
+                return st
+        return None
+
+    def _finish(self, r: Request, reason: dict[str, Any]) -> None:
+        if r.finish is not None:
+            return
+        r.finish, r.state, r.finished_at = reason, "done", time.time()
+        r.weight_version = self.weight_version
+        if r.on_update is not None:
+            r.on_update(r, True)
+
+    def _retire(self) -> None:
+        """Drop finished requests from the running set, keeping slots 0..R-1 contiguous."""
+        keep: list[Request] = []
+        for r in self.running:
+            if r.state == "done":
+                if r.computed > 0 and r.finish and r.finish["type"] != "abort":
+                    k, v = self.sm.save_slot(r.slot, r.computed)
+                    self.cache.add(r.tokens[: r.computed], k, v)
+            else:
+                keep.append(r)
+        for new, r in enumerate(keep):
+            if r.slot != new:
+                self.sm.copy_slot(r.slot, new, r.computed)
+                r.slot = new
+        self.running = keep
+        self.waiting = deque(r for r in self.waiting if r.state != "done")

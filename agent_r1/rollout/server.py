@@ -1,0 +1,475 @@
+"""``agent-r1 serve``: the embedded engine behind SGLang's native HTTP API (the subset RL needs).
+
+Errors answer 400 with ``{"error": {"message": ...}}`` naming the field; control endpoints answer
+``{"success": bool, "message": str}`` like SGLang. ``/generate`` accepts ``input_ids`` or
+``text`` (single or batch), ``n``, ``stream`` (SSE, cumulative chunks, ``data: [DONE]``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+from aiohttp import web
+
+from agent_r1.rollout.engine import Engine, Request
+from agent_r1.rollout.sampling import BadRequest
+
+log = logging.getLogger("agent_r1.server")
+VERSION = "agent-r1-embedded-0.1"
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "uint8": torch.uint8,
+}
+
+
+def _error(msg: str, status: int = 400) -> web.Response:
+    return web.json_response({"error": {"message": msg}}, status=status)
+
+
+def _ok(success: bool = True, message: str = "", **extra: Any) -> web.Response:
+    return web.json_response(
+        {"success": success, "message": message, **extra}, status=200 if success else 400
+    )
+
+
+class WeightReceiver:
+    """The server's end of a weight-update group: a standalone gloo (or NCCL) process group that
+    the trainer (rank 0) broadcasts HF-named tensors over, one flattened bucket per call."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, Any] = {}
+
+    def init(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+    ) -> None:
+        import torch.distributed as dist
+
+        if backend not in ("gloo", "nccl"):
+            raise BadRequest(f"backend: must be gloo or nccl, got {backend!r}")
+        store = dist.TCPStore(
+            master_address, int(master_port), int(world_size), is_master=False, timeout=timedelta(seconds=120)
+        )
+        store = dist.PrefixStore(group_name, store)
+        cls = dist.ProcessGroupGloo if backend == "gloo" else dist.ProcessGroupNCCL
+        self.groups[group_name] = cls(store, int(rank_offset), int(world_size))
+
+    def receive(self, body: dict[str, Any]) -> dict[str, torch.Tensor]:
+        group = self.groups.get(body.get("group_name", "weight_update_group"))
+        if group is None:
+            raise BadRequest(
+                f"group_name: no weight update group {body.get('group_name')!r}; call /init_weights_update_group first"
+            )
+        names, dtypes, shapes = body["names"], body["dtypes"], body["shapes"]
+        if not len(names) == len(dtypes) == len(shapes):
+            raise BadRequest("names, dtypes and shapes must have the same length")
+        bad = [d for d in dtypes if d not in DTYPES]
+        if bad:
+            raise BadRequest(f"dtypes: unsupported dtype {bad[0]!r}; supported: {sorted(DTYPES)}")
+        specs = [(n, DTYPES[d], tuple(s)) for n, d, s in zip(names, dtypes, shapes, strict=True)]
+        if body.get("load_format") == "flattened_bucket":
+            sizes = [int(torch.Size(s).numel()) * torch.empty(0, dtype=d).element_size() for _, d, s in specs]
+            flat = torch.empty(sum(sizes), dtype=torch.uint8)
+            group.broadcast(flat, 0).wait()
+            out, off = {}, 0
+            for (n, d, s), size in zip(specs, sizes, strict=True):
+                out[n] = flat[off : off + size].view(d).view(s).clone()
+                off += size
+            return out
+        out = {}
+        for n, d, s in specs:
+            t = torch.empty(s, dtype=d)
+            group.broadcast(t, 0).wait()
+            out[n] = t
+        return out
+
+
+class Server:
+    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 30000):
+        self.engine, self.host, self.port = engine, host, port
+        self.weights = WeightReceiver()
+        self.app = web.Application(client_max_size=1 << 30)
+        r = self.app.router
+        r.add_route("*", "/generate", self.generate)
+        r.add_get("/health", self.health)
+        r.add_get("/health_generate", self.health_generate)
+        for p in ("/get_server_info", "/server_info"):
+            r.add_get(p, self.server_info)
+        for p in ("/get_model_info", "/model_info"):
+            r.add_get(p, self.model_info)
+        r.add_get("/v1/loads", self.loads)
+        r.add_route("*", "/flush_cache", self.flush_cache)
+        r.add_post("/abort_request", self.abort_request)
+        r.add_post("/pause_generation", self.pause)
+        r.add_post("/continue_generation", self.resume)
+        r.add_post("/update_weights_from_disk", self.update_from_disk)
+        r.add_post("/init_weights_update_group", self.init_group)
+        r.add_post("/destroy_weights_update_group", self.destroy_group)
+        r.add_post("/update_weights_from_distributed", self.update_from_distributed)
+        r.add_post("/update_weight_version", self.update_version)
+        r.add_get("/get_weight_version", self.get_version)
+        r.add_post("/get_weights_by_name", self.weights_by_name)
+        r.add_post("/release_memory_occupation", self.noop)
+        r.add_post("/resume_memory_occupation", self.noop)
+
+    # ---- generate --------------------------------------------------------------------------------
+    def _prompts(self, body: dict[str, Any]) -> list[list[int]]:
+        if ("text" in body) == ("input_ids" in body):
+            raise BadRequest("exactly one of text / input_ids must be given")
+        if "text" in body:
+            texts = body["text"]
+            if isinstance(texts, str):
+                texts = [texts]
+            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+                raise BadRequest("text: must be a string or a list of strings")
+            return [self.engine.tokenizer(t).input_ids for t in texts]
+        ids = body["input_ids"]
+        if isinstance(ids, list) and ids and all(isinstance(x, list) for x in ids):
+            return ids
+        return [ids]
+
+    def _per(self, body: dict[str, Any], key: str, i: int, batch: bool, default: Any) -> Any:
+        v = body.get(key, default)
+        if batch and isinstance(v, list) and (key != "sampling_params"):
+            return v[i]
+        if key == "sampling_params" and isinstance(v, list):
+            return v[i]
+        return v
+
+    def _payload(self, r: Request, index: int) -> dict[str, Any]:
+        s = r.sampling
+        text = self.engine.tokenizer.decode(r.out_ids, skip_special_tokens=s.skip_special_tokens)
+        if (
+            r.finish
+            and r.finish.get("type") == "stop"
+            and isinstance(r.finish.get("matched"), str)
+            and not s.no_stop_trim
+        ):
+            text = text[: text.find(r.finish["matched"])] if r.finish["matched"] in text else text
+        meta: dict[str, Any] = {
+            "id": r.rid,
+            "finish_reason": r.finish,
+            "prompt_tokens": len(r.prompt),
+            "completion_tokens": len(r.out_ids),
+            "cached_tokens": r.cached_tokens,
+            "weight_version": r.weight_version if r.finish else self.engine.weight_version,
+            "num_retractions": r.retractions,
+        }
+        if r.finish:
+            meta["e2e_latency"] = r.finished_at - r.created
+        if r.return_logprob:
+            meta["output_token_logprobs"] = [
+                [lp, t, None] for lp, t in zip(r.out_logprobs, r.out_ids, strict=False)
+            ]
+            meta["output_token_logprobs_length"] = len(r.out_ids)
+            if r.logprob_start_len >= 0:
+                start = r.logprob_start_len
+                meta["input_token_logprobs"] = [
+                    [lp, t, None] for lp, t in zip(r.input_logprobs, r.prompt[start:], strict=False)
+                ]
+            if r.top_logprobs_num:
+                meta["output_top_logprobs"] = [[[lp, t, None] for lp, t in top] for top in r.out_top]
+        return {"text": text, "output_ids": list(r.out_ids), "index": index, "meta_info": meta}
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except json.JSONDecodeError as e:
+            return _error(f"request body is not JSON: {e}")
+        if not isinstance(body, dict):
+            return _error("request body must be a JSON object")
+        loop = asyncio.get_running_loop()
+        try:
+            prompts = self._prompts(body)
+            batch = (
+                len(prompts) > 1
+                or isinstance(body.get("text"), list)
+                or (
+                    isinstance(body.get("input_ids"), list)
+                    and body["input_ids"]
+                    and isinstance(body["input_ids"][0], list)
+                )
+            )
+            reqs: list[Request] = []
+            for i, p in enumerate(prompts):
+                rid = self._per(body, "rid", i, batch, None)
+                reqs += self.engine.make_requests(
+                    p,
+                    self._per(body, "sampling_params", i, batch, None),
+                    rid=rid,
+                    return_logprob=bool(self._per(body, "return_logprob", i, batch, False)),
+                    top_logprobs_num=self._per(body, "top_logprobs_num", i, batch, 0),
+                    logprob_start_len=self._per(body, "logprob_start_len", i, batch, -1),
+                )
+        except BadRequest as e:
+            return _error(str(e))
+        except (TypeError, KeyError, IndexError) as e:
+            return _error(f"malformed request: {e}")
+        queue: asyncio.Queue[tuple[Request, bool]] = asyncio.Queue()
+
+        def cb(r: Request, finished: bool) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (r, finished))
+
+        for r in reqs:
+            r.on_update = cb
+        self.engine.submit(reqs)
+        many = batch or len(reqs) > 1
+        if body.get("stream"):
+            return await self._stream(request, reqs, queue, many)
+        left = len(reqs)
+        try:
+            while left:
+                _, finished = await queue.get()
+                left -= finished
+        except asyncio.CancelledError:  # client went away: free the engine
+            for r in reqs:
+                self.engine.abort(r.rid)
+            raise
+        out = [self._payload(r, i) for i, r in enumerate(reqs)]
+        return web.json_response(out if many else out[0])
+
+    async def _stream(
+        self, request: web.Request, reqs: list[Request], queue: asyncio.Queue, many: bool
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        index = {id(r): i for i, r in enumerate(reqs)}
+        left = len(reqs)
+        try:
+            while left:
+                r, finished = await queue.get()
+                left -= finished
+                await resp.write(f"data: {json.dumps(self._payload(r, index[id(r)]))}\n\n".encode())
+            await resp.write(b"data: [DONE]\n\n")
+        except (ConnectionResetError, asyncio.CancelledError):
+            for r in reqs:
+                self.engine.abort(r.rid)
+            raise
+        await resp.write_eof()
+        return resp
+
+    # ---- health / info ---------------------------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        alive = self.engine._thread is not None and self.engine._thread.is_alive()
+        return web.Response(status=200 if alive else 503)
+
+    async def health_generate(self, request: web.Request) -> web.Response:
+        if self.engine.paused is not None or self.engine.running:
+            return web.Response(status=200)  # busy serving = healthy
+        loop = asyncio.get_running_loop()
+        reqs = self.engine.make_requests([0], {"max_new_tokens": 1, "temperature": 0})
+        done = asyncio.Event()
+        reqs[0].on_update = lambda r, f: f and loop.call_soon_threadsafe(done.set)
+        self.engine.submit(reqs)
+        try:
+            await asyncio.wait_for(done.wait(), 20)
+        except TimeoutError:
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        e = self.engine
+        return web.json_response(
+            {
+                "model_path": e.model_dir,
+                "tokenizer_path": e.model_dir,
+                "served_model_name": e.model_dir,
+                "host": self.host,
+                "port": self.port,
+                "dp_size": 1,
+                "tp_size": 1,
+                "dtype": e.dtype,
+                "context_length": e.max_len,
+                "max_req_input_len": e.max_len - 1,
+                "max_total_num_tokens": e.max_running * e.max_len,
+                "max_running_requests": e.max_running,
+                "chunked_prefill_size": e.prefill_chunk,
+                "weight_version": e.weight_version,
+                "version": VERSION,
+                "internal_states": [{**e.loads(), **e.stats}],
+            }
+        )
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        cfg = self.engine.model.config
+        return web.json_response(
+            {
+                "model_path": self.engine.model_dir,
+                "tokenizer_path": self.engine.model_dir,
+                "served_model_name": self.engine.model_dir,
+                "is_generation": True,
+                "weight_version": self.engine.weight_version,
+                "model_type": cfg.model_type,
+                "architectures": getattr(cfg, "architectures", None),
+                "preferred_sampling_params": None,
+            }
+        )
+
+    async def loads(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "timestamp": time.time(),
+                "version": VERSION,
+                "accelerator": "cpu",
+                "num_accelerators": 0,
+                "loads": [{"dp_rank": 0, **self.engine.loads()}],
+            }
+        )
+
+    # ---- control -------------------------------------------------------------------------------------------
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        if not request.can_read_body:
+            return {}
+        try:
+            body = await request.json()
+        except json.JSONDecodeError as e:
+            raise BadRequest(f"request body is not JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        return body
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        if self.engine.flush_cache():
+            return web.Response(text="Cache flushed.\nPlease check backend logs for more details.")
+        return web.Response(status=400, text="Cache not flushed: requests are running or waiting.")
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        self.engine.abort(body.get("rid", ""), bool(body.get("abort_all", False)))
+        return web.Response(status=200)
+
+    async def pause(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._body(request)
+            self.engine.pause(body.get("mode", "abort"))
+        except BadRequest as e:
+            return _error(str(e))
+        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def resume(self, request: web.Request) -> web.Response:
+        self.engine.resume()
+        return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def update_from_disk(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._body(request)
+            if not isinstance(body.get("model_path"), str):
+                raise BadRequest("model_path: required string")
+            if body.get("abort_all_requests"):
+                self.engine.abort(abort_all=True)
+            await asyncio.to_thread(
+                self.engine.update_weights_from_disk, body["model_path"], body.get("weight_version")
+            )
+        except BadRequest as e:
+            return _ok(False, str(e))
+        return _ok(True, "Succeeded to update model weights.", num_paused_requests=0)
+
+    async def init_group(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._body(request)
+            args = [body[k] for k in ("master_address", "master_port", "rank_offset", "world_size")]
+            await asyncio.to_thread(
+                self.weights.init,
+                *args,
+                body.get("group_name", "weight_update_group"),
+                body.get("backend", "gloo"),
+            )
+        except KeyError as e:
+            return _ok(False, f"missing field {e}")
+        except (BadRequest, RuntimeError) as e:
+            return _ok(False, f"init_weights_update_group failed: {e}")
+        return _ok(True, "Succeeded to initialize custom process group.")
+
+    async def destroy_group(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        self.weights.groups.pop(body.get("group_name", "weight_update_group"), None)
+        return _ok(True, "Succeeded to destroy custom process group.")
+
+    async def update_from_distributed(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._body(request)
+            if body.get("abort_all_requests"):
+                self.engine.abort(abort_all=True)
+            tensors = await asyncio.to_thread(self.weights.receive, body)
+            await asyncio.to_thread(self.engine.update_weights, tensors, body.get("weight_version"))
+        except KeyError as e:
+            return _ok(False, f"missing field {e}")
+        except (BadRequest, RuntimeError) as e:
+            return _ok(False, f"update_weights_from_distributed failed: {e}")
+        return _ok(True, "Succeeded to update parameter online.")
+
+    async def update_version(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        if "new_version" not in body:
+            return _ok(False, "new_version: required")
+        if body.get("abort_all_requests", True):
+            self.engine.abort(abort_all=True)
+        self.engine.weight_version = str(body["new_version"])
+        return _ok(True, "Succeeded to update weight version.", new_version=self.engine.weight_version)
+
+    async def get_version(self, request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": self.engine.weight_version})
+
+    async def weights_by_name(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        params = dict(self.engine.model.named_parameters())
+        name = body.get("name")
+        if name not in params:
+            return _error(f"name: unknown parameter {name!r}")
+        return web.json_response(
+            params[name].detach().flatten()[: int(body.get("truncate_size", 100))].tolist()
+        )
+
+    async def noop(self, request: web.Request) -> web.Response:
+        return web.json_response(None)
+
+    # ---- running ----------------------------------------------------------------------------------------------
+    async def start(self) -> web.AppRunner:
+        runner = web.AppRunner(self.app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port)
+        await site.start()
+        if self.port == 0:
+            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return runner
+
+
+def serve(
+    model: str, host: str = "127.0.0.1", port: int = 30000, ready_file: str | None = None, **engine_kw: Any
+) -> None:
+    """Run until interrupted; ``ready_file`` gets ``{"url": ...}`` once listening (discovery)."""
+    from pathlib import Path
+
+    engine = Engine(model, **engine_kw).start()
+    server = Server(engine, host, port)
+
+    async def main() -> None:
+        runner = await server.start()
+        url = f"http://{server.host}:{server.port}"
+        log.info("serving %s at %s", model, url)
+        if ready_file:
+            p = Path(ready_file)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            tmp = p.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"url": url, "model": model}))
+            tmp.replace(p)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+            engine.stop()
+
+    asyncio.run(main())

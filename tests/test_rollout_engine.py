@@ -1,0 +1,212 @@
+import threading
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from agent_r1.rollout.engine import Engine
+from agent_r1.rollout.sampling import BadRequest
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    e = Engine(tiny_model_dir, max_running=8, max_len=512, prefill_chunk=64).start()
+    yield e
+    e.stop()
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64).eval()
+
+
+def _prompt(codec, text):
+    return codec.encode_chat([{"role": "user", "content": text}])
+
+
+def _ref_logprobs(hf, prompt, out, temperature):
+    with torch.no_grad():
+        logits = hf(input_ids=torch.tensor([prompt + out])).logits[0]
+    logp = torch.log_softmax(logits / (temperature or 1.0), -1)
+    return [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(out)]
+
+
+def test_greedy_equals_transformers_and_logprobs_match_float64(engine, hf, codec, tiny_model_dir):
+    prompt = _prompt(codec, "Ava has 3 apples. Then Ava finds 4 more apples.")
+    (r,) = engine.generate_sync(
+        prompt, {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}, return_logprob=True
+    )
+    m32 = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    ref = m32.generate(
+        torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    assert r.out_ids == ref[0, len(prompt) :].tolist()
+    lp = _ref_logprobs(hf, prompt, r.out_ids, 0)
+    assert max(abs(a - b) for a, b in zip(r.out_logprobs, lp, strict=True)) < 1e-5
+
+
+def test_sampled_logprobs_are_tempered_untruncated(engine, hf, codec):
+    prompt = _prompt(codec, "Ben has 7 coins.")
+    s = {
+        "temperature": 0.7,
+        "top_p": 0.8,
+        "top_k": 20,
+        "min_p": 0.01,
+        "max_new_tokens": 24,
+        "sampling_seed": 5,
+        "ignore_eos": True,
+    }
+    (r,) = engine.generate_sync(prompt, s, return_logprob=True)
+    lp = _ref_logprobs(hf, prompt, r.out_ids, 0.7)
+    assert max(abs(a - b) for a, b in zip(r.out_logprobs, lp, strict=True)) < 1e-5
+    (again,) = engine.generate_sync(prompt, s)
+    assert again.out_ids == r.out_ids  # seeded: reproducible
+    other = engine.generate_sync(prompt, {**s, "sampling_seed": 6})[0]
+    assert other.out_ids != r.out_ids
+
+
+def test_continuous_batching_matches_one_at_a_time(engine, codec):
+    prompts = [_prompt(codec, f"Problem {i}: Cara has {i * 7} beads." + " more" * i) for i in range(12)]
+    solo = [
+        engine.generate_sync(p, {"temperature": 0, "max_new_tokens": 5 + 3 * i, "ignore_eos": True})[
+            0
+        ].out_ids
+        for i, p in enumerate(prompts)
+    ]
+    results: list = [None] * len(prompts)
+
+    def run(i):
+        results[i] = engine.generate_sync(
+            prompts[i], {"temperature": 0, "max_new_tokens": 5 + 3 * i, "ignore_eos": True}
+        )[0].out_ids
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]  # 12 requests > 8 slots
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == solo
+
+
+def test_group_shares_the_prompt_prefill(engine, codec):
+    engine.cache.clear()
+    prompt = _prompt(
+        codec, "Dev has 40 stamps. Then Dev gives away 12 stamps. How many stamps does Dev have now?"
+    )
+    before = engine.stats["prefill_tokens"]
+    reqs = engine.generate_sync(
+        prompt, {"temperature": 1.0, "max_new_tokens": 8, "n": 4, "sampling_seed": 1, "ignore_eos": True}
+    )
+    prefilled = engine.stats["prefill_tokens"] - before
+    # once, not 4 times: each sibling recomputes only the prompt's last token (for its logits)
+    assert prefilled == len(prompt) + 3
+    assert sorted(r.cached_tokens for r in reqs) == [0] + [len(prompt) - 1] * 3
+    assert len({tuple(r.out_ids) for r in reqs}) > 1
+    # a later step extending prompt + output reuses the cached prefix
+    nxt = prompt + reqs[0].out_ids + codec.encode("\n")
+    (r2,) = engine.generate_sync(nxt, {"temperature": 0, "max_new_tokens": 2})
+    assert r2.cached_tokens >= len(prompt) + len(reqs[0].out_ids) - 1
+
+
+def test_stop_rules(engine, codec, tokenizer):
+    prompt = _prompt(codec, "hello")
+    (base,) = engine.generate_sync(prompt, {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True})
+    stop_tok = base.out_ids[3]
+    first = base.out_ids.index(stop_tok)
+    (r,) = engine.generate_sync(
+        prompt, {"temperature": 0, "max_new_tokens": 12, "stop_token_ids": [stop_tok]}
+    )
+    assert r.out_ids == base.out_ids[: first + 1] and r.finish == {"type": "stop", "matched": stop_tok}
+    (r,) = engine.generate_sync(
+        prompt,
+        {"temperature": 0, "max_new_tokens": 12, "stop_token_ids": [stop_tok], "min_new_tokens": first + 2},
+    )
+    assert len(r.out_ids) >= first + 2 and stop_tok not in r.out_ids[: first + 2]
+    text = tokenizer.decode(base.out_ids)
+    needle = text[len(text) // 2 : len(text) // 2 + 2]
+    (r,) = engine.generate_sync(
+        prompt, {"temperature": 0, "max_new_tokens": 12, "stop": [needle], "ignore_eos": True}
+    )
+    assert r.finish == {"type": "stop", "matched": needle} and needle in tokenizer.decode(r.out_ids)
+    (r,) = engine.generate_sync(prompt, {"temperature": 0, "max_new_tokens": 7, "ignore_eos": True})
+    assert r.finish == {"type": "length", "length": 7}
+
+
+def test_abort_returns_partial(engine, codec):
+    reqs = engine.make_requests(
+        _prompt(codec, "long one"), {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True}, rid="long"
+    )
+    done = threading.Event()
+    reqs[0].on_update = lambda r, f: f and done.set()
+    engine.submit(reqs)
+    while len(reqs[0].out_ids) < 3:
+        time.sleep(0.01)
+    engine.abort("long")
+    assert done.wait(5)
+    r = reqs[0]
+    assert r.finish["type"] == "abort" and 3 <= len(r.out_ids) < 400 and len(r.out_logprobs) == len(r.out_ids)
+
+
+def test_pause_retract_continue(engine, codec):
+    prompt = _prompt(codec, "retract me")
+    (ref,) = engine.generate_sync(prompt, {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True})
+    reqs = engine.make_requests(prompt, {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True})
+    done = threading.Event()
+    reqs[0].on_update = lambda r, f: f and done.set()
+    engine.submit(reqs)
+    while len(reqs[0].out_ids) < 5:
+        time.sleep(0.005)
+    engine.pause("retract")
+    assert reqs[0].finish is None
+    n = len(reqs[0].out_ids)
+    time.sleep(0.1)
+    assert len(reqs[0].out_ids) == n and not engine.running  # frozen, KV dropped
+    engine.resume()
+    assert done.wait(10)
+    assert reqs[0].out_ids == ref.out_ids and reqs[0].retractions == 1  # recomputed, same greedy output
+
+
+def test_weight_update_changes_outputs_and_version(tiny_model_dir, codec):
+    e = Engine(tiny_model_dir, max_running=2, max_len=256).start()
+    try:
+        prompt = _prompt(codec, "x")
+        (a,) = e.generate_sync(prompt, {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True})
+        w = dict(e.model.named_parameters())["model.layers.0.mlp.down_proj.weight"]
+        g = torch.Generator().manual_seed(0)
+        new = {
+            "model.layers.0.mlp.down_proj.weight": torch.randn(w.shape, generator=g) * 0.5,
+            "lm_head.weight": torch.randn(e.model.lm_head.weight.shape, generator=g)
+            * 0.05,  # tied: the embedding too
+        }
+        e.update_weights(new, version="7")
+        (b,) = e.generate_sync(
+            prompt, {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}, return_logprob=True
+        )
+        assert (b.out_ids, b.out_logprobs) != (a.out_ids, a.out_logprobs) and b.weight_version == "7"
+        assert torch.equal(e.model.model.embed_tokens.weight, new["lm_head.weight"])
+        with pytest.raises(BadRequest, match="unknown parameter 'nope'"):
+            e.update_weights({"nope": torch.zeros(1)})
+        with pytest.raises(BadRequest, match="shapes"):
+            e.update_weights({"model.norm.weight": torch.zeros(3)})
+    finally:
+        e.stop()
+
+
+@pytest.mark.parametrize(
+    "prompt,sampling,msg",
+    [
+        ([], {}, "input_ids: must be a non-empty"),
+        ([10**7], {}, "outside the vocabulary"),
+        (list(range(1, 600)), {}, "does not fit the context length"),
+        ([1], {"temperatur": 1}, "unknown field `temperatur`"),
+        ([1], {"top_p": 0}, "sampling_params.top_p"),
+        ([1], {"max_new_tokens": -1}, "sampling_params.max_new_tokens"),
+        ([1], {"n": 0}, "sampling_params.n"),
+        ([1], {"stop_token_ids": [-1]}, "sampling_params.stop_token_ids"),
+        ([1], {"stop": ""}, "sampling_params.stop"),
+    ],
+)
+def test_bad_requests_name_the_field(engine, prompt, sampling, msg):
+    with pytest.raises(BadRequest, match=msg):
+        engine.make_requests(prompt, sampling)
