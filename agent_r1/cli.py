@@ -81,8 +81,41 @@ def _rollout(a: argparse.Namespace) -> int:
     return 0
 
 
+def _start_embedded_server(model: str, max_len: int):
+    """``agent-r1 serve`` on a free loopback port, as its own process (like an SGLang server)."""
+    import subprocess
+    import tempfile
+    import time
+
+    ready = Path(tempfile.mkdtemp(prefix="agent_r1_")) / "server.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "agent_r1.cli",
+        "serve",
+        "--model",
+        model,
+        "--port",
+        "0",
+        "--max-len",
+        str(max_len),
+        "--ready-file",
+        str(ready),
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not ready.exists():
+        if proc.poll() is not None:
+            raise SystemExit(f"embedded server failed to start: {proc.stderr.read()[-2000:]}")
+        if time.time() > deadline:
+            proc.kill()
+            raise SystemExit("embedded server did not start within 300 s")
+        time.sleep(0.1)
+    return proc, json.loads(ready.read_text())["url"]
+
+
 async def _run_with_engine(a: argparse.Namespace, rows, codec, config):
-    """Episodes through the chosen engine: ``embedded`` = an in-process server on a free loopback
+    """Episodes through the chosen engine: ``embedded`` = an `agent-r1 serve` process on a free loopback
     port behind the same HTTP client used for SGLang; ``hf`` = the transformers reference; a URL =
     external servers (comma-separated) or an sglang-router (``router=URL``)."""
     from agent_r1.rollout.client import RolloutClient
@@ -94,15 +127,10 @@ async def _run_with_engine(a: argparse.Namespace, rows, codec, config):
         return await run_episodes(
             rows, HFGenerator(a.model), codec, config, a.group_size, progress=not a.no_progress
         )
-    runner = engine = None
+    proc = None
     if a.engine == "embedded":
-        from agent_r1.rollout.engine import Engine
-        from agent_r1.rollout.server import Server
-
-        engine = Engine(a.model, max_len=a.max_obs_tokens + a.max_action_tokens).start()
-        server = Server(engine, "127.0.0.1", 0)
-        runner = await server.start()
-        client = RolloutClient(servers=[f"http://127.0.0.1:{server.port}"])
+        proc, url = _start_embedded_server(a.model, a.max_obs_tokens + a.max_action_tokens)
+        client = RolloutClient(servers=[url])
     elif a.engine.startswith("router="):
         client = RolloutClient(router=a.engine.split("=", 1)[1])
     else:
@@ -112,9 +140,9 @@ async def _run_with_engine(a: argparse.Namespace, rows, codec, config):
         return await run_episodes(rows, client, codec, config, a.group_size, progress=not a.no_progress)
     finally:
         await client.close()
-        if runner is not None:
-            await runner.cleanup()
-            engine.stop()
+        if proc is not None:
+            proc.terminate()
+            proc.wait(30)
 
 
 def _data(a: argparse.Namespace) -> int:
@@ -188,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     sv.add_argument("--max-running", type=int, default=64, help="concurrent requests (KV slots)")
     sv.add_argument("--max-len", type=int, default=None, help="tokens per request (prompt + output)")
-    sv.add_argument("--prefill-chunk", type=int, default=512, help="prefill tokens per scheduler step")
+    sv.add_argument("--prefill-chunk", type=int, default=2048, help="prefill tokens per scheduler step")
     sv.add_argument("--threads", type=int, default=None, help="torch threads")
     sv.add_argument(
         "--ready-file", help="write {url} here once listening (run_dir/control/servers/NAME.json)"

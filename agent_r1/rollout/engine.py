@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agent_r1.rollout.sampling import BadRequest, Sampling, sample
+from agent_r1.rollout.sampling import BadRequest, Sampling, sample_batch
 from agent_r1.rollout.slot_model import SlotModel
 
 log = logging.getLogger("agent_r1.engine")
@@ -53,11 +53,16 @@ class Request:
     weight_version: str = "default"
     created: float = field(default_factory=time.time)
     finished_at: float = 0.0
-    gen: torch.Generator | None = None
+    gen: torch.Generator | None = None  # own generator when seeded, else the engine's shared one
+    stops: frozenset[int] = frozenset()  # stop token ids (+ EOS unless ignore_eos)
 
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.out_ids
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.out_ids)
 
 
 def _lcp(a: np.ndarray, b: np.ndarray) -> int:
@@ -109,7 +114,7 @@ class Engine:
         dtype: str = "float32",
         max_running: int = 64,
         max_len: int | None = None,
-        prefill_chunk: int = 512,
+        prefill_chunk: int = 2048,
         prefix_cache_tokens: int = 32768,
         threads: int | None = None,
     ):
@@ -119,6 +124,7 @@ class Engine:
             raise ValueError(f"dtype must be float32 or bfloat16, got {dtype!r}")
         if threads:
             torch.set_num_threads(threads)
+        self._threads = threads  # None: torch's default in the main thread, 1 in a background thread
         self.model_dir = str(model_dir)
         self.dtype = dtype
         self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=getattr(torch, dtype)).eval()
@@ -166,15 +172,29 @@ class Engine:
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self) -> Engine:
-        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        """Run the scheduler in a background thread (in-process use, tests). For throughput run it
+        in the main thread with ``run_forever`` (``agent-r1 serve`` does): OpenMP intra-op threads
+        started from a secondary thread were measured 1.5-2x slower on these CPUs."""
+        self._thread = threading.Thread(
+            target=self._loop, args=(self._threads or 1,), name="engine", daemon=True
+        )
         self._thread.start()
         return self
+
+    def run_forever(self) -> None:
+        """The scheduler loop in the calling thread, until ``stop()``."""
+        self._thread = threading.current_thread()
+        self._loop(self._threads)
 
     def stop(self) -> None:
         with self._control():
             self._stop = True
             self.cv.notify_all()
-        if self._thread:
+        if (
+            self._thread
+            and self._thread is not threading.current_thread()
+            and self._thread is not threading.main_thread()
+        ):
             self._thread.join(timeout=10)
 
     # ---- requests --------------------------------------------------------------------------------
@@ -205,11 +225,7 @@ class Engine:
         rid = rid or uuid.uuid4().hex
         out = []
         for i in range(s.n):
-            gen = (
-                torch.Generator().manual_seed(s.sampling_seed + i)
-                if s.sampling_seed is not None
-                else self._rng
-            )
+            gen = torch.Generator().manual_seed(s.sampling_seed + i) if s.sampling_seed is not None else None
             out.append(
                 Request(
                     rid if s.n == 1 else f"{rid}-{i}",
@@ -220,6 +236,8 @@ class Engine:
                     logprob_start_len,
                     index=i,
                     gen=gen,
+                    stops=frozenset(s.stop_token_ids)
+                    | (frozenset() if s.ignore_eos else frozenset(self.eos_ids)),
                 )
             )
         return out
@@ -306,6 +324,7 @@ class Engine:
             with torch.no_grad():
                 for name, t in tensors.items():
                     params[name].copy_(t.to(params[name].dtype))
+            self.sm.refresh()  # fused weights
             self.cache.clear()  # cached KV came from the old weights
             if version is not None:
                 self.weight_version = str(version)
@@ -337,7 +356,9 @@ class Engine:
             }
 
     # ---- scheduler -------------------------------------------------------------------------------
-    def _loop(self) -> None:
+    def _loop(self, threads: int | None = None) -> None:
+        if threads:
+            torch.set_num_threads(threads)  # OpenMP settings are per thread
         while True:
             with self.cv:
                 while not self._stop and (self.paused is not None or not (self.waiting or self.running)):
@@ -361,6 +382,14 @@ class Engine:
                     self._retire()
             while self._waiters:  # let control calls (abort, pause, weights) in between steps
                 time.sleep(0.0002)
+
+    def run_until_idle(self) -> None:
+        """Step in the calling thread until nothing is waiting or running (benchmarks, tools)."""
+        while True:
+            with self._control():
+                if not (self.waiting or self.running) or self.paused is not None:
+                    return
+                self.step()
 
     def step(self) -> None:
         """One scheduler step (called with the lock held)."""
@@ -420,58 +449,71 @@ class Engine:
         r.input_logprobs = vals[r.logprob_start_len :]
 
     def _prefill(self) -> None:
+        """Chunks of prefilling requests, up to ``prefill_chunk`` tokens, in one batched forward."""
         budget = self.prefill_chunk
+        items, reqs = [], []
         for r in self.running:
             if r.state != "prefill" or budget <= 0:
                 continue
             toks = r.tokens
             n = min(len(toks) - r.computed, budget)
-            logits = self.sm.prefill(r.slot, toks[r.computed : r.computed + n], r.computed)
-            r.computed += n
+            items.append((r.slot, toks[r.computed : r.computed + n], r.computed))
+            reqs.append(r)
             budget -= n
-            self.stats["prefill_tokens"] += n
-            if r.computed == len(toks):
+        if not items:
+            return
+        logits = self.sm.prefill_many(items)
+        done, rows = [], []
+        for i, (r, (_, ids, _)) in enumerate(zip(reqs, items, strict=True)):
+            r.computed += len(ids)
+            self.stats["prefill_tokens"] += len(ids)
+            if r.computed == r.length:
                 r.state = "decode"
-                self._emit(r, logits)
+                done.append(r)
+                rows.append(i)
+        if done:
+            self._emit(done, logits[rows])
 
     def _decode(self) -> None:
-        rows = [r for r in self.running if r.state == "decode" and r.finish is None]
+        rows = [i for i, r in enumerate(self.running) if r.state == "decode" and r.finish is None]
         if not rows:
             return
-        ids = torch.zeros(len(self.running), dtype=torch.long)
-        pos = torch.zeros(len(self.running), dtype=torch.long)
+        ids = [0] * len(self.running)
+        pos = [0] * len(self.running)
         for i, r in enumerate(self.running):
             pos[i] = min(r.computed, self.max_len - 1)
             if r.state == "decode" and r.finish is None:
                 ids[i] = r.out_ids[-1]
-        logits = self.sm.decode(ids, pos)
-        for i, r in enumerate(self.running):
-            if r.state == "decode" and r.finish is None:
-                r.computed += 1
-                self._emit(r, logits[i])
+        logits = self.sm.decode(torch.tensor(ids), torch.tensor(pos))
+        reqs = [self.running[i] for i in rows]
+        for r in reqs:
+            r.computed += 1
+        self._emit(reqs, logits[rows] if len(rows) < len(self.running) else logits)
 
-    def _emit(self, r: Request, logits: torch.Tensor) -> None:
-        """Sample the next token of ``r`` from ``logits`` (V,), record it, check the stop rules."""
-        s = r.sampling
-        stops = set(s.stop_token_ids) | (set() if s.ignore_eos else self.eos_ids)
-        banned = sorted(stops) if len(r.out_ids) < s.min_new_tokens else None
-        logits = logits[: self.vocab_size]
-        tok, lp = sample(logits, s, r.gen, banned)
-        r.out_ids.append(tok)
-        r.out_logprobs.append(lp)
-        self.stats["generated_tokens"] += 1
-        if r.top_logprobs_num:
-            logp = torch.log_softmax(logits / (s.temperature or 1.0), -1)
-            top = torch.topk(logp, min(r.top_logprobs_num, logp.numel()))
-            r.out_top.append([(float(v), int(i)) for v, i in zip(top.values, top.indices, strict=True)])
-        if tok in stops and len(r.out_ids) > s.min_new_tokens - 1:
-            self._finish(r, {"type": "stop", "matched": tok})
-        elif s.stop and (m := self._stop_string(r)) is not None:
-            self._finish(r, {"type": "stop", "matched": m})
-        elif len(r.out_ids) >= s.max_new_tokens or len(r.tokens) >= self.max_len:
-            self._finish(r, {"type": "length", "length": len(r.out_ids)})
-        elif r.on_update is not None:
-            r.on_update(r, False)
+    def _emit(self, reqs: list[Request], logits: torch.Tensor) -> None:
+        """Sample the next token of each request from its row of ``logits`` (B, V); record it and
+        apply the stop rules (stop ids and EOS blocked until ``min_new_tokens``)."""
+        logits = logits[:, : self.vocab_size]
+        banned = [sorted(r.stops) if len(r.out_ids) < r.sampling.min_new_tokens else None for r in reqs]
+        toks, lps, logp = sample_batch(
+            logits, [r.sampling for r in reqs], [r.gen for r in reqs], banned, self._rng
+        )
+        self.stats["generated_tokens"] += len(reqs)
+        for i, (r, tok, lp) in enumerate(zip(reqs, toks, lps, strict=True)):
+            s = r.sampling
+            r.out_ids.append(tok)
+            r.out_logprobs.append(lp)
+            if r.top_logprobs_num:
+                top = torch.topk(logp[i], min(r.top_logprobs_num, logp.shape[1]))
+                r.out_top.append([(float(v), int(t)) for v, t in zip(top.values, top.indices, strict=True)])
+            if tok in r.stops:
+                self._finish(r, {"type": "stop", "matched": tok})
+            elif s.stop and (m := self._stop_string(r)) is not None:
+                self._finish(r, {"type": "stop", "matched": m})
+            elif len(r.out_ids) >= s.max_new_tokens or r.length >= self.max_len:
+                self._finish(r, {"type": "length", "length": len(r.out_ids)})
+            elif r.on_update is not None:
+                r.on_update(r, False)
 
     def _stop_string(self, r: Request) -> str | None:
         if len(r.out_ids) < r.sampling.min_new_tokens:

@@ -102,3 +102,57 @@ def sample(
         probs = torch.where(probs >= s.min_p * probs.max(), probs, 0.0)
     tok = int(torch.multinomial(probs, 1, generator=gen))
     return tok, float(logp[tok])
+
+
+def sample_batch(
+    logits: torch.Tensor,
+    params: list[Sampling],
+    gens: list[torch.Generator | None],
+    banned: list[list[int] | None],
+    shared: torch.Generator,
+) -> tuple[list[int], list[float], torch.Tensor]:
+    """Sample one token per row of ``logits`` (B, V) with per-row settings.
+
+    Draws use inverse-CDF sampling with one uniform per row, taken from the request's own
+    generator when it has a ``sampling_seed`` (reproducible whatever else is in the batch).
+    Returns tokens, their logprobs under log_softmax(logits / T) before truncation, and that
+    log-softmax (B, V) for top-logprob reporting.
+    """
+    B = logits.shape[0]
+    if any(b for b in banned):
+        logits = logits.clone()
+        for i, b in enumerate(banned):
+            if b:
+                logits[i, b] = float("-inf")
+    temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
+    greedy = temps == 0
+    logp = torch.log_softmax(logits / torch.where(greedy, 1.0, temps).unsqueeze(1), -1)
+    toks = logits.argmax(-1)
+    if not bool(greedy.all()):
+        probs = logp.exp()
+        for i, p in enumerate(params):
+            if p.temperature > 0 and (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0):
+                probs[i] = _truncate(probs[i], p)
+        u = torch.rand(B, 1, generator=shared, dtype=probs.dtype)
+        for i in range(B):
+            if gens[i] is not None:
+                u[i, 0] = torch.rand(1, generator=gens[i], dtype=probs.dtype)[0]
+        cdf = probs.cumsum(-1)
+        target = u.clamp(min=1e-12) * cdf[:, -1:]
+        drawn = (cdf < target).sum(-1).clamp(max=probs.shape[1] - 1)
+        toks = torch.where(greedy, toks, drawn)
+    lps = logp.gather(1, toks.unsqueeze(1)).squeeze(1)
+    return toks.tolist(), lps.tolist(), logp
+
+
+def _truncate(probs: torch.Tensor, s: Sampling) -> torch.Tensor:
+    if s.top_k > 0 and s.top_k < probs.numel():
+        kth = torch.topk(probs, s.top_k).values[-1]
+        probs = torch.where(probs >= kth, probs, 0.0)
+    if s.top_p < 1.0:
+        sp, idx = torch.sort(probs, descending=True)
+        keep = (torch.cumsum(sp, 0) - sp) < s.top_p * sp.sum()
+        probs = torch.zeros_like(probs).index_copy_(0, idx, torch.where(keep, sp, 0.0))
+    if s.min_p > 0:
+        probs = torch.where(probs >= s.min_p * probs.max(), probs, 0.0)
+    return probs

@@ -450,26 +450,45 @@ class Server:
 def serve(
     model: str, host: str = "127.0.0.1", port: int = 30000, ready_file: str | None = None, **engine_kw: Any
 ) -> None:
-    """Run until interrupted; ``ready_file`` gets ``{"url": ...}`` once listening (discovery)."""
+    """Serve until interrupted: the scheduler runs in the main thread (fastest for torch on CPU),
+    HTTP in a background event loop. ``ready_file`` gets ``{"url": ...}`` once listening."""
+    import signal
+    import threading
     from pathlib import Path
 
-    engine = Engine(model, **engine_kw).start()
+    engine = Engine(model, **engine_kw)
     server = Server(engine, host, port)
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    failed: list[BaseException] = []
 
-    async def main() -> None:
-        runner = await server.start()
-        url = f"http://{server.host}:{server.port}"
-        log.info("serving %s at %s", model, url)
-        if ready_file:
-            p = Path(ready_file)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            tmp = p.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"url": url, "model": model}))
-            tmp.replace(p)
+    def http_thread() -> None:
+        asyncio.set_event_loop(loop)
         try:
-            await asyncio.Event().wait()
-        finally:
-            await runner.cleanup()
-            engine.stop()
+            loop.run_until_complete(server.start())
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            failed.append(e)
+            started.set()
+            return
+        started.set()
+        loop.run_forever()
 
-    asyncio.run(main())
+    threading.Thread(target=http_thread, name="http", daemon=True).start()
+    started.wait()
+    if failed:
+        raise failed[0]
+    url = f"http://{server.host}:{server.port}"
+    log.info("serving %s at %s", model, url)
+    if ready_file:
+        p = Path(ready_file)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"url": url, "model": model}))
+        tmp.replace(p)
+    signal.signal(signal.SIGTERM, lambda *_: engine.stop())
+    try:
+        engine.run_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        loop.call_soon_threadsafe(loop.stop)

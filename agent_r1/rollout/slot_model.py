@@ -1,13 +1,15 @@
-"""A forward pass over HF Llama / Qwen2 / Qwen3 modules with a slot KV cache.
+"""A forward pass over HF Llama / Qwen2 / Qwen3 weights with a slot KV cache.
 
-The HF model provides the weights and the layer modules (embedding, norms, projections, MLP,
-rotary embedding); this module only changes where keys and values live: one preallocated tensor
+The HF model provides the weights; this module keeps fused copies (q|k|v and gate|up, refreshed
+after every weight update), a precomputed rotary table, and one preallocated KV tensor
 ``(layers, slots, kv_heads, max_len, head_dim)``. Running requests occupy slots ``0..R-1``, so a
-decode step attends over a view of the cache, never a gathered copy.
+decode step attends over a view of the cache, never a gathered copy; prefill batches the
+projections and MLPs of several requests' chunks into one matmul each.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,25 +23,76 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-b, a), dim=-1)
 
 
+@dataclass
+class _Layer:
+    ln1: torch.Tensor
+    ln1_eps: float
+    ln2: torch.Tensor
+    ln2_eps: float
+    w_qkv: torch.Tensor  # (q + 2 kv, hidden)
+    b_qkv: torch.Tensor | None
+    w_o: torch.Tensor
+    w_gate_up: torch.Tensor  # (2 * inter, hidden)
+    w_down: torch.Tensor
+    q_norm: tuple[torch.Tensor, float] | None
+    k_norm: tuple[torch.Tensor, float] | None
+
+
+def _eps(module: Any) -> float:
+    return float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
+
+
 class SlotModel:
     def __init__(self, model: Any, slots: int, max_len: int):
         cfg = model.config
         if cfg.model_type not in SUPPORTED:
             raise ValueError(f"model_type {cfg.model_type!r} not supported; supported: {SUPPORTED}")
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {cfg.hidden_act!r} not supported (silu only)")
         self.model = model
         self.inner = model.model
-        self.layers = list(self.inner.layers)
-        attn = self.layers[0].self_attn
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
+        attn = self.inner.layers[0].self_attn
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.scaling = float(getattr(attn, "scaling", self.head_dim**-0.5))
-        self.qk_norm = hasattr(attn, "q_norm")
         self.slots, self.max_len = slots, max_len
-        dtype = next(model.parameters()).dtype
-        shape = (len(self.layers), slots, self.n_kv, max_len, self.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype)
-        self.v = torch.zeros(shape, dtype=dtype)
+        self.dtype = next(model.parameters()).dtype
+        shape = (len(self.inner.layers), slots, self.n_kv, max_len, self.head_dim)
+        self.k = torch.zeros(shape, dtype=self.dtype)
+        self.v = torch.zeros(shape, dtype=self.dtype)
+        with torch.no_grad():
+            probe = torch.zeros(1, 1, cfg.hidden_size, dtype=self.dtype)
+            cos, sin = self.inner.rotary_emb(probe, torch.arange(max_len).unsqueeze(0))
+        self.cos, self.sin = cos[0], sin[0]  # (max_len, head_dim), same numerics as HF
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Rebuild the fused weights from the HF modules (after loading new weights)."""
+        layers = []
+        with torch.no_grad():
+            for layer in self.inner.layers:
+                a, m = layer.self_attn, layer.mlp
+                bias = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
+                layers.append(
+                    _Layer(
+                        ln1=layer.input_layernorm.weight,
+                        ln1_eps=_eps(layer.input_layernorm),
+                        ln2=layer.post_attention_layernorm.weight,
+                        ln2_eps=_eps(layer.post_attention_layernorm),
+                        w_qkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                        b_qkv=torch.cat(bias) if bias[0] is not None else None,
+                        w_o=a.o_proj.weight,
+                        w_gate_up=torch.cat([m.gate_proj.weight, m.up_proj.weight]),
+                        w_down=m.down_proj.weight,
+                        q_norm=(a.q_norm.weight, _eps(a.q_norm)) if hasattr(a, "q_norm") else None,
+                        k_norm=(a.k_norm.weight, _eps(a.k_norm)) if hasattr(a, "k_norm") else None,
+                    )
+                )
+        self.layers = layers
+        self.norm = (self.inner.norm.weight, _eps(self.inner.norm))
+        self.embed = self.inner.embed_tokens.weight
+        self.lm_head = self.model.lm_head.weight
 
     @property
     def kv_bytes(self) -> int:
@@ -58,64 +111,88 @@ class SlotModel:
     def save_slot(self, src: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[:, src, :, :length].clone(), self.v[:, src, :, :length].clone()
 
-    def _qkv(self, layer: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """h (B, T, hidden) -> q (B, heads, T, D), k, v (B, kv_heads, T, D), rotary applied."""
-        B, T, _ = h.shape
-        a = layer.self_attn
-        q = a.q_proj(h).view(B, T, self.n_heads, self.head_dim)
-        k = a.k_proj(h).view(B, T, self.n_kv, self.head_dim)
-        v = a.v_proj(h).view(B, T, self.n_kv, self.head_dim)
-        if self.qk_norm:
-            q, k = a.q_norm(q), a.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, T, D)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        return q, k, v
+    # ---- shared pieces ---------------------------------------------------------------------------
+    def _qkv(self, L: _Layer, x: torch.Tensor, pos: torch.Tensor):
+        """x (N, hidden) tokens at positions pos (N,) -> q (N, heads, D), k, v (N, kv, D), rotated."""
+        N = x.shape[0]
+        h = F.rms_norm(x, (x.shape[-1],), L.ln1, L.ln1_eps)
+        qkv = F.linear(h, L.w_qkv, L.b_qkv)
+        D = self.head_dim
+        q = qkv[:, : self.n_heads * D].view(N, self.n_heads, D)
+        k = qkv[:, self.n_heads * D : (self.n_heads + self.n_kv) * D].view(N, self.n_kv, D)
+        v = qkv[:, (self.n_heads + self.n_kv) * D :].view(N, self.n_kv, D)
+        if L.q_norm is not None:
+            q = F.rms_norm(q, (D,), L.q_norm[0], L.q_norm[1])
+            k = F.rms_norm(k, (D,), L.k_norm[0], L.k_norm[1])
+        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
 
-    def _finish(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(self.inner.norm(x)).float()
+    def _mlp(self, L: _Layer, x: torch.Tensor) -> torch.Tensor:
+        h = F.rms_norm(x, (x.shape[-1],), L.ln2, L.ln2_eps)
+        gate, up = F.linear(h, L.w_gate_up).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, L.w_down)
 
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(F.rms_norm(x, (x.shape[-1],), self.norm[0], self.norm[1]), self.lm_head).float()
+
+    # ---- prefill / decode ------------------------------------------------------------------------------
     @torch.inference_mode()
+    def prefill_many(self, items: list[tuple[int, list[int], int]]) -> torch.Tensor:
+        """items = (slot, token ids, start position): write their KV; logits (len(items), vocab) of
+        each item's last token. Projections and MLPs run once over all items' tokens."""
+        for _slot, ids, start in items:
+            if start + len(ids) > self.max_len:
+                raise ValueError(
+                    f"sequence of {start + len(ids)} tokens exceeds the cache length {self.max_len}"
+                )
+        flat = [t for _, ids, _ in items for t in ids]
+        pos = torch.cat([torch.arange(start, start + len(ids)) for _, ids, start in items])
+        bounds = torch.tensor([0] + [len(ids) for _, ids, _ in items]).cumsum(0).tolist()
+        x = F.embedding(torch.tensor(flat), self.embed)
+        for li, L in enumerate(self.layers):
+            q, k, v = self._qkv(L, x, pos)
+            outs = []
+            for j, (slot, _ids, start) in enumerate(items):
+                a, b = bounds[j], bounds[j + 1]
+                T, end = b - a, start + b - a
+                self.k[li, slot, :, start:end] = k[a:b].transpose(0, 1)
+                self.v[li, slot, :, start:end] = v[a:b].transpose(0, 1)
+                mask = torch.ones(T, end, dtype=torch.bool).tril(diagonal=start)
+                o = F.scaled_dot_product_attention(
+                    q[a:b].transpose(0, 1).unsqueeze(0),
+                    self.k[li, slot : slot + 1, :, :end],
+                    self.v[li, slot : slot + 1, :, :end],
+                    attn_mask=mask,
+                    scale=self.scaling,
+                    enable_gqa=True,
+                )
+                outs.append(o[0].transpose(0, 1).reshape(T, -1))
+            x = x + F.linear(torch.cat(outs), L.w_o)
+            x = self._mlp(L, x)
+        last = torch.tensor(bounds[1:]) - 1
+        return self._logits(x[last])
+
     def prefill(self, slot: int, ids: list[int], start: int) -> torch.Tensor:
-        """Write KV for ``ids`` at positions start.. of ``slot``; logits (vocab,) of the last one."""
-        T = len(ids)
-        if start + T > self.max_len:
-            raise ValueError(f"sequence of {start + T} tokens exceeds the cache length {self.max_len}")
-        x = self.inner.embed_tokens(torch.tensor([ids]))
-        pos = torch.arange(start, start + T).unsqueeze(0)
-        cos, sin = self.inner.rotary_emb(x, pos)
-        L = start + T
-        mask = torch.ones(T, L, dtype=torch.bool).tril(diagonal=start)
-        for li, layer in enumerate(self.layers):
-            h = layer.input_layernorm(x)
-            q, k, v = self._qkv(layer, h, cos, sin)
-            self.k[li, slot, :, start:L] = k[0]
-            self.v[li, slot, :, start:L] = v[0]
-            K = self.k[li, slot : slot + 1, :, :L]
-            V = self.v[li, slot : slot + 1, :, :L]
-            o = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=self.scaling, enable_gqa=True)
-            x = x + layer.self_attn.o_proj(o.transpose(1, 2).reshape(1, T, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self._finish(x[:, -1:])[0, 0]
+        return self.prefill_many([(slot, ids, start)])[0]
 
     @torch.inference_mode()
     def decode(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """One token for each of slots 0..B-1 at positions ``pos`` (B,); logits (B, vocab)."""
         B = ids.numel()
-        x = self.inner.embed_tokens(ids.view(B, 1))
-        cos, sin = self.inner.rotary_emb(x, pos.view(B, 1))
-        L = int(pos.max()) + 1
-        mask = (torch.arange(L).view(1, L) <= pos.view(B, 1)).view(B, 1, 1, L)
+        x = F.embedding(ids, self.embed)
+        L_max = int(pos.max()) + 1
+        masked = (torch.arange(L_max).view(1, L_max) > pos.view(B, 1)).view(B, 1, 1, L_max)
+        group = self.n_heads // self.n_kv
         rows = torch.arange(B)
-        for li, layer in enumerate(self.layers):
-            h = layer.input_layernorm(x)
-            q, k, v = self._qkv(layer, h, cos, sin)
-            self.k[li, rows, :, pos] = k[:, :, 0]
-            self.v[li, rows, :, pos] = v[:, :, 0]
-            K = self.k[li, :B, :, :L]
-            V = self.v[li, :B, :, :L]
-            o = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=self.scaling, enable_gqa=True)
-            x = x + layer.self_attn.o_proj(o.transpose(1, 2).reshape(B, 1, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self._finish(x)[:, 0]
+        for li, L in enumerate(self.layers):
+            q, k, v = self._qkv(L, x, pos)
+            self.k[li, rows, :, pos] = k
+            self.v[li, rows, :, pos] = v
+            # grouped-query attention by hand: one query per row, no expanded K/V copies
+            K, V = self.k[li, :B, :, :L_max], self.v[li, :B, :, :L_max]
+            s = torch.matmul(q.view(B, self.n_kv, group, self.head_dim), K.transpose(-1, -2)) * self.scaling
+            s = s.masked_fill(masked, float("-inf"))
+            o = torch.matmul(torch.softmax(s, -1), V)
+            x = x + F.linear(o.reshape(B, -1), L.w_o)
+            x = self._mlp(L, x)
+        return self._logits(x)
