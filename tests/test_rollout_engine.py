@@ -210,3 +210,57 @@ def test_weight_update_changes_outputs_and_version(tiny_model_dir, codec):
 def test_bad_requests_name_the_field(engine, prompt, sampling, msg):
     with pytest.raises(BadRequest, match=msg):
         engine.make_requests(prompt, sampling)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_other_architectures_match_transformers(tmp_path, arch, codec):
+    from agent_r1.models.tiny import build_tiny_model
+    from recipes import load_recipe
+
+    d = build_tiny_model(
+        tmp_path / arch,
+        load_recipe("arithmetic_tool").corpus(num=100),
+        arch=arch,
+        vocab_size=400,
+        hidden=48,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+    )
+    e = Engine(d, max_running=4, max_len=256).start()
+    try:
+        prompt = [1, 5, 9, 14, 30, 2, 7]
+        (r,) = e.generate_sync(
+            prompt, {"temperature": 0, "max_new_tokens": 20, "ignore_eos": True}, return_logprob=True
+        )
+        hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float64).eval()
+        with torch.no_grad():
+            ids = torch.tensor([prompt])
+            for _ in range(20):
+                ids = torch.cat([ids, hf(input_ids=ids).logits[0, -1].argmax().view(1, 1)], 1)
+        assert r.out_ids == ids[0, len(prompt) :].tolist()
+        assert (
+            max(
+                abs(a - b)
+                for a, b in zip(r.out_logprobs, _ref_logprobs(hf, prompt, r.out_ids, 0), strict=True)
+            )
+            < 1e-5
+        )
+    finally:
+        e.stop()
+
+
+def test_bfloat16_engine(tiny_model_dir):
+    e = Engine(tiny_model_dir, dtype="bfloat16", max_running=2, max_len=128).start()
+    try:
+        (r,) = e.generate_sync(
+            [1, 2, 3],
+            {"temperature": 1.0, "max_new_tokens": 10, "ignore_eos": True, "sampling_seed": 0},
+            return_logprob=True,
+        )
+        assert len(r.out_ids) == 10 and all(lp <= 0 and lp == lp for lp in r.out_logprobs)
+        assert e.sm.k.dtype == torch.bfloat16
+    finally:
+        e.stop()
+    with pytest.raises(ValueError, match="dtype"):
+        Engine(tiny_model_dir, dtype="float8")

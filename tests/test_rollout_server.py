@@ -15,7 +15,7 @@ from agent_r1.agent.flow import AGENTS, FlowConfig
 from agent_r1.rollout.client import RequestRejected, RolloutClient, RolloutError, discover_servers
 from agent_r1.rollout.episodes import run_episodes
 from agent_r1.rollout.protocol import FinishReason, SamplingParams
-from agent_r1.rollout.weight_sync import WeightUpdateGroup, push_weights_from_disk
+from agent_r1.rollout.weight_sync import WeightSyncError, WeightUpdateGroup, push_weights_from_disk
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +171,20 @@ def test_abort_and_pause_over_http(cluster):
     t.join(30)
     assert box["p"][0] == 200
     assert http("POST", s.url + "/pause_generation", {"mode": "sideways"})[0] == 400
+    # abort mode: in-flight requests come back aborted
+    t = threading.Thread(
+        target=lambda: box.update(
+            a=gen(
+                s.url, {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}
+            )
+        )
+    )
+    t.start()
+    time.sleep(0.3)
+    assert http("POST", s.url + "/pause_generation", {"mode": "abort"})[0] == 200
+    t.join(30)
+    assert box["a"][1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert http("POST", s.url + "/continue_generation", {})[0] == 200
 
 
 def test_router_in_front_of_two_servers(cluster, tmp_path):
@@ -295,6 +309,24 @@ def test_weight_update_over_gloo_and_disk(cluster, tiny_model_dir, tmp_path):
     name = next(n for n, t in changed.items() if t.dim() == 2)
     got = http("POST", urls[1] + "/get_weights_by_name", {"name": name, "truncate_size": 5})[1]
     assert got == pytest.approx(changed[name].flatten()[:5].tolist(), abs=1e-6)
+    # a server that does not have the version is reported and taken out of the generating client
+    client = RolloutClient(servers=urls)
+
+    async def check_verify():
+        group = WeightUpdateGroup(urls, rollout_client=client)
+        http("POST", urls[1] + "/update_weight_version", {"new_version": "stale"})
+        with pytest.raises(WeightSyncError, match="servers without weight version 5"):
+            await group.verify(5)
+        assert client.disabled == {urls[1]}
+        outs = [await client([1, 2], SamplingParams(max_new_tokens=1)) for _ in range(3)]
+        http("POST", urls[1] + "/update_weight_version", {"new_version": "5"})
+        await group.verify(5)
+        assert client.disabled == set()
+        await client.close()
+        await group.client.close()
+        return outs
+
+    assert len(asyncio.run(check_verify())) == 3
     asyncio.run(push_weights_from_disk(urls, original.items(), tmp_path / "weights" / "v6", 6))
     restored = [gen(u, body)[1] for u in urls]
     assert all(r["meta_info"]["weight_version"] == "6" for r in restored)

@@ -68,6 +68,7 @@ class RolloutClient:
         self.down_until: dict[str, float] = {}
         self.sticky: OrderedDict[str, str] = OrderedDict()
         self.rid_server: dict[str, str] = {}
+        self.disabled: set[str] = set()  # e.g. servers that missed a weight update
         self._session: aiohttp.ClientSession | None = None
 
     # ---- plumbing --------------------------------------------------------------------------------
@@ -84,9 +85,10 @@ class RolloutClient:
         if self.router:
             return self.router
         now = time.monotonic()
-        up = [s for s in self.servers if s not in exclude and self.down_until.get(s, 0) <= now]
+        usable = [s for s in self.servers if s not in self.disabled]
+        up = [s for s in usable if s not in exclude and self.down_until.get(s, 0) <= now]
         if not up:
-            up = [s for s in self.servers if s not in exclude]
+            up = [s for s in usable if s not in exclude]
         if not up:
             raise RolloutError("no rollout server left to try")
         if session is not None and self.sticky.get(session) in up:
@@ -122,7 +124,7 @@ class RolloutClient:
         tried: set[str] = set()
         errors: list[str] = []
         for _ in range(max(1, self.max_retries if self.router is None else 1 + self.max_retries)):
-            if self.router is None and len(tried) == len(self.servers):
+            if self.router is None and len(tried) >= len(set(self.servers) - self.disabled):
                 break
             server = self._choose(session, tried if self.router is None else set())
             tried.add(server)

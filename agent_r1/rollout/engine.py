@@ -533,18 +533,23 @@ class Engine:
             r.on_update(r, True)
 
     def _retire(self) -> None:
-        """Drop finished requests from the running set, keeping slots 0..R-1 contiguous."""
-        keep: list[Request] = []
+        """Drop finished requests, keeping slots 0..R-1 contiguous: each freed slot is refilled by
+        the last running request (one KV copy per finished request, not a shift of all of them)."""
         for r in self.running:
-            if r.state == "done":
-                if r.computed > 0 and r.finish and r.finish["type"] != "abort":
-                    k, v = self.sm.save_slot(r.slot, r.computed)
-                    self.cache.add(r.tokens[: r.computed], k, v)
-            else:
-                keep.append(r)
-        for new, r in enumerate(keep):
-            if r.slot != new:
-                self.sm.copy_slot(r.slot, new, r.computed)
-                r.slot = new
-        self.running = keep
+            if r.state == "done" and r.computed > 0 and r.finish and r.finish["type"] != "abort":
+                k, v = self.sm.save_slot(r.slot, r.computed)
+                self.cache.add(r.tokens[: r.computed], k, v)
+        running = self.running
+        i = 0
+        while i < len(running):
+            if running[i].state != "done":
+                i += 1
+                continue
+            last = running.pop()
+            if i < len(running):  # the finished one was not the last: the last takes its slot
+                running[i] = last
+                if last.state != "done":
+                    self.sm.copy_slot(last.slot, i, last.computed)
+                    last.slot = i
+        self.running = running
         self.waiting = deque(r for r in self.waiting if r.state != "done")

@@ -159,7 +159,12 @@ class WeightUpdateGroup:
                 if isinstance(a, BaseException) or not a.get("success")
             ]
             if bad:
-                self.healthy -= {b.split(": ")[0] for b in bad}
+                failed = {
+                    s
+                    for s, a in zip(self.servers, answers, strict=True)
+                    if isinstance(a, BaseException) or not a.get("success")
+                }
+                self._set_healthy(set(self.servers) - failed)
                 raise WeightSyncError(f"weight update (bucket {i + 1}/{len(all_buckets)}) failed on: {bad}")
         await self.verify(version)
         return time.perf_counter() - t0
@@ -173,9 +178,14 @@ class WeightUpdateGroup:
             for s, a in zip(self.servers, answers, strict=True)
             if isinstance(a, BaseException) or a.get("weight_version") != str(version)
         ]
-        self.healthy = set(self.servers) - set(bad)
+        self._set_healthy(set(self.servers) - set(bad))
         if bad:
             raise WeightSyncError(f"servers without weight version {version}: {bad}")
+
+    def _set_healthy(self, healthy: set[str]) -> None:
+        self.healthy = healthy
+        if self.rollout_client is not None:
+            self.rollout_client.disabled = set(self.servers) - healthy
 
     async def close(self) -> None:
         await asyncio.gather(
