@@ -1,4 +1,23 @@
-"""HF <-> Megatron-Core model bridge (Llama, Qwen2, Qwen3): config and weight-name maps.
+"""HF <-> Megatron-Core bridge for Llama (SmolLM2), Qwen2 and Qwen3 (our own, small).
 
-Empty until the learner issue lands; the package exists so the layout of DESIGN §2 is visible.
+``archs.py`` holds one ``ArchSpec`` per architecture (what differs: q/k/v bias, q/k norm);
+``config.py`` maps an HF config to a Megatron ``TransformerConfig`` + GPTModel arguments + layer
+spec (Transformer Engine spec when TE imports, local spec otherwise); ``weights.py`` shards HF
+tensors into any TP/PP layout (fused QKV with GQA grouping, fused gate/up, tied embeddings,
+padded vocabulary) and exports Megatron weights back to HF names.
 """
+
+from megatron_bridge.archs import ARCHS, ArchSpec, arch_for
+from megatron_bridge.config import BridgeConfig, build_gpt_model, megatron_config
+from megatron_bridge.weights import export_hf_weights, load_hf_weights
+
+__all__ = [
+    "ARCHS",
+    "ArchSpec",
+    "BridgeConfig",
+    "arch_for",
+    "build_gpt_model",
+    "export_hf_weights",
+    "load_hf_weights",
+    "megatron_config",
+]

@@ -495,7 +495,7 @@ class Engine:
         apply the stop rules (stop ids and EOS blocked until ``min_new_tokens``)."""
         logits = logits[:, : self.vocab_size]
         banned = [sorted(r.stops) if len(r.out_ids) < r.sampling.min_new_tokens else None for r in reqs]
-        toks, lps, logp = sample_batch(
+        toks, lps, probs = sample_batch(
             logits, [r.sampling for r in reqs], [r.gen for r in reqs], banned, self._rng
         )
         self.stats["generated_tokens"] += len(reqs)
@@ -504,8 +504,10 @@ class Engine:
             r.out_ids.append(tok)
             r.out_logprobs.append(lp)
             if r.top_logprobs_num:
-                top = torch.topk(logp[i], min(r.top_logprobs_num, logp.shape[1]))
-                r.out_top.append([(float(v), int(t)) for v, t in zip(top.values, top.indices, strict=True)])
+                top = torch.topk(probs[i], min(r.top_logprobs_num, probs.shape[1]))
+                r.out_top.append(
+                    [(float(torch.log(v)), int(t)) for v, t in zip(top.values, top.indices, strict=True)]
+                )
             if tok in r.stops:
                 self._finish(r, {"type": "stop", "matched": tok})
             elif s.stop and (m := self._stop_string(r)) is not None:

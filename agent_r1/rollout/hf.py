@@ -14,26 +14,7 @@ from pathlib import Path
 import torch
 
 from agent_r1.rollout.protocol import Completion, FinishReason, SamplingParams
-
-
-def sample_token(logits: torch.Tensor, s: SamplingParams, gen: torch.Generator | None) -> tuple[int, float]:
-    """logits (V,) float32 -> (token, logprob under the tempered, untruncated distribution)."""
-    if s.temperature <= 0:
-        tok = int(torch.argmax(logits))
-        return tok, float(torch.log_softmax(logits, -1)[tok])
-    logp = torch.log_softmax(logits / s.temperature, -1)
-    probs = logp.exp()
-    if s.top_k > 0:
-        kth = torch.topk(probs, min(s.top_k, probs.numel())).values[-1]
-        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
-    if s.top_p < 1.0:
-        sorted_p, idx = torch.sort(probs, descending=True)
-        keep = torch.cumsum(sorted_p, 0) - sorted_p < s.top_p * sorted_p.sum()
-        mask = torch.zeros_like(probs, dtype=torch.bool)
-        mask[idx[keep]] = True
-        probs = torch.where(mask, probs, torch.zeros_like(probs))
-    tok = int(torch.multinomial(probs / probs.sum(), 1, generator=gen))
-    return tok, float(logp[tok])
+from agent_r1.rollout.sampling import Sampling, sample_batch
 
 
 class HFGenerator:
@@ -60,6 +41,8 @@ class HFGenerator:
         if not token_ids:
             raise ValueError("input_ids is empty")
         gen = torch.Generator().manual_seed(s.seed) if s.seed is not None else None
+        shared = torch.Generator().manual_seed(torch.seed() % (1 << 31))
+        params = Sampling(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
         budget = min(s.max_new_tokens, self.max_positions - len(token_ids))
         out_ids: list[int] = []
         logprobs: list[float] = []
@@ -70,7 +53,8 @@ class HFGenerator:
         for _ in range(max(budget, 0)):
             res = self.model(input_ids=inp, use_cache=True, **{self._cache_arg: past})
             past = getattr(res, self._cache_arg)
-            tok, lp = sample_token(res.logits[0, -1].float(), s, gen)
+            toks, lps, _ = sample_batch(res.logits[:, -1].float(), [params], [gen], [None], shared)
+            tok, lp = toks[0], lps[0]
             out_ids.append(tok)
             logprobs.append(lp)
             if tok in stop:

@@ -79,31 +79,6 @@ class Sampling:
             bad("sampling_seed", "must be an integer")
 
 
-def sample(
-    logits: torch.Tensor, s: Sampling, gen: torch.Generator | None, banned: list[int] | None = None
-) -> tuple[int, float]:
-    """logits (V,) float32 -> (token id, logprob). ``banned`` ids get -inf (min_new_tokens)."""
-    if banned:
-        logits = logits.clone()
-        logits[banned] = float("-inf")
-    if s.temperature == 0:
-        tok = int(torch.argmax(logits))
-        return tok, float(torch.log_softmax(logits, -1)[tok])
-    logp = torch.log_softmax(logits / s.temperature, -1)
-    probs = logp.exp()
-    if s.top_k > 0 and s.top_k < probs.numel():
-        kth = torch.topk(probs, s.top_k).values[-1]
-        probs = torch.where(probs >= kth, probs, 0.0)
-    if s.top_p < 1.0:
-        sp, idx = torch.sort(probs, descending=True)
-        keep = (torch.cumsum(sp, 0) - sp) < s.top_p * sp.sum()
-        probs = torch.zeros_like(probs).index_copy_(0, idx, torch.where(keep, sp, 0.0))
-    if s.min_p > 0:
-        probs = torch.where(probs >= s.min_p * probs.max(), probs, 0.0)
-    tok = int(torch.multinomial(probs, 1, generator=gen))
-    return tok, float(logp[tok])
-
-
 def sample_batch(
     logits: torch.Tensor,
     params: list[Sampling],
@@ -113,10 +88,10 @@ def sample_batch(
 ) -> tuple[list[int], list[float], torch.Tensor]:
     """Sample one token per row of ``logits`` (B, V) with per-row settings.
 
-    Draws use inverse-CDF sampling with one uniform per row, taken from the request's own
-    generator when it has a ``sampling_seed`` (reproducible whatever else is in the batch).
-    Returns tokens, their logprobs under log_softmax(logits / T) before truncation, and that
-    log-softmax (B, V) for top-logprob reporting.
+    Draws use inverse-CDF sampling (a binary search of one uniform per row), the uniform taken from
+    the request's own generator when it has a ``sampling_seed`` (reproducible whatever else is in
+    the batch). Returns tokens, their logprobs under softmax(logits / T) before truncation, and
+    those probabilities (B, V) for top-logprob reporting.
     """
     B = logits.shape[0]
     if any(b for b in banned):
@@ -126,23 +101,29 @@ def sample_batch(
                 logits[i, b] = float("-inf")
     temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
     greedy = temps == 0
-    logp = torch.log_softmax(logits / torch.where(greedy, 1.0, temps).unsqueeze(1), -1)
+    probs = torch.softmax(logits / torch.where(greedy, 1.0, temps).unsqueeze(1), -1)
     toks = logits.argmax(-1)
     if not bool(greedy.all()):
-        probs = logp.exp()
-        for i, p in enumerate(params):
-            if p.temperature > 0 and (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0):
-                probs[i] = _truncate(probs[i], p)
+        draw = probs
+        trunc = [
+            i
+            for i, p in enumerate(params)
+            if p.temperature > 0 and (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0)
+        ]
+        if trunc:
+            draw = probs.clone()
+            for i in trunc:
+                draw[i] = _truncate(draw[i], params[i])
         u = torch.rand(B, 1, generator=shared, dtype=probs.dtype)
         for i in range(B):
             if gens[i] is not None:
                 u[i, 0] = torch.rand(1, generator=gens[i], dtype=probs.dtype)[0]
-        cdf = probs.cumsum(-1)
+        cdf = draw.cumsum(-1)
         target = u.clamp(min=1e-12) * cdf[:, -1:]
-        drawn = (cdf < target).sum(-1).clamp(max=probs.shape[1] - 1)
+        drawn = torch.searchsorted(cdf, target).squeeze(1).clamp(max=probs.shape[1] - 1)
         toks = torch.where(greedy, toks, drawn)
-    lps = logp.gather(1, toks.unsqueeze(1)).squeeze(1)
-    return toks.tolist(), lps.tolist(), logp
+    lps = torch.log(probs.gather(1, toks.unsqueeze(1)).squeeze(1))
+    return toks.tolist(), lps.tolist(), probs
 
 
 def _truncate(probs: torch.Tensor, s: Sampling) -> torch.Tensor:

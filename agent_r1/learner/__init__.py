@@ -1,0 +1,1 @@
+"""Learner layer: Megatron-Core models (policy, critic) built by megatron_bridge, on GPU or CPU."""

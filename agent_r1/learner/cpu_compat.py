@@ -1,0 +1,81 @@
+"""Let megatron-core run on CPU with gloo. Applied only when CUDA is absent: on a GPU machine
+``apply()`` returns without touching anything.
+
+Each patch answers one place megatron-core 0.16 assumes CUDA (see shared notes, megatron_cpu §3):
+the "cuda" RNG tracker maps to the CPU RNG; ``torch.cuda.current_device()`` becomes the CPU
+device; tensor factories asked for a cuda device build on CPU; ``Tensor.cuda`` is the identity;
+``Tensor.type()`` reports ``torch.cuda.*`` names (type checks in the optimizer); synchronize and
+empty_cache are no-ops; and ``dist.scatter`` makes its inputs contiguous, because gloo silently
+sends the wrong bytes for non-contiguous tensors. Pipeline parallel also needs
+``batch_p2p_sync=False`` in the TransformerConfig (set by the model builder on CPU).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+_APPLIED = False
+_FACTORIES = (
+    "zeros", "ones", "empty", "full", "tensor", "as_tensor", "arange", "rand", "randn", "randint",
+    "zeros_like", "ones_like", "empty_like", "full_like", "empty_strided",
+)  # fmt: skip
+
+
+def _cpu_device(kwargs: dict) -> dict:
+    d = kwargs.get("device")
+    if d is not None and str(d).startswith("cuda"):
+        kwargs["device"] = "cpu"
+    if kwargs.get("pin_memory"):
+        kwargs["pin_memory"] = False
+    return kwargs
+
+
+def apply() -> bool:
+    """Patch for CPU if needed (idempotent). Returns True when patches are active."""
+    global _APPLIED
+    if torch.cuda.is_available():
+        return False
+    if _APPLIED:
+        return True
+    import megatron.core.tensor_parallel.random as mrandom
+
+    torch.cuda.current_device = lambda: torch.device("cpu")
+    mrandom._get_cuda_rng_state = lambda device="cuda", clone=False, graph_safe=False: torch.get_rng_state()
+    mrandom._set_cuda_rng_state = lambda state, device=-1, graph_safe=False: torch.set_rng_state(state)
+    torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
+    torch.cuda.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)
+    # not manual_seed_all: torch.manual_seed calls it, aliasing it would recurse
+    torch.cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.empty_cache = lambda *a, **k: None
+    for name in _FACTORIES:
+        orig = getattr(torch, name)
+
+        def wrapped(*args, __orig=orig, **kwargs):
+            return __orig(*args, **_cpu_device(kwargs))
+
+        setattr(torch, name, wrapped)
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    orig_type = torch.Tensor.type
+
+    def type_(self, dtype=None, non_blocking=False, **kw):
+        if dtype is None:
+            s = orig_type(self)
+            return s if s.startswith("torch.cuda.") else s.replace("torch.", "torch.cuda.", 1)
+        return orig_type(self, dtype, non_blocking, **kw)
+
+    torch.Tensor.type = type_
+    orig_scatter = torch.distributed.scatter
+
+    def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, **kw):
+        if scatter_list is not None:
+            scatter_list = [x.contiguous() for x in scatter_list]
+        return orig_scatter(tensor, scatter_list, src=src, group=group, async_op=async_op, **kw)
+
+    torch.distributed.scatter = scatter
+    # on CPU the "cuda" RNG is the CPU RNG, so every tracker fork would log a harmless warning
+    logging.getLogger("megatron.core.tensor_parallel.random").setLevel(logging.ERROR)
+    _APPLIED = True
+    return True

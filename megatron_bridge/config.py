@@ -1,0 +1,136 @@
+"""HF config -> Megatron TransformerConfig, GPTModel arguments and layer spec."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from megatron_bridge.archs import arch_for
+
+
+def te_available() -> bool:
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except (ImportError, RuntimeError):  # RuntimeError: TE's empty meta package
+        return False
+    return torch.cuda.is_available()
+
+
+@dataclass
+class BridgeConfig:
+    tp: int = 1
+    pp: int = 1
+    dtype: str = "float32"  # float32 | bfloat16
+    precision: str = "default"  # default | fp8 (Transformer Engine on GPU only)
+    fp8_recipe: str = "delayed"  # delayed | tensorwise (current scaling)
+    vocab_multiple: int = 128  # the embedding is padded so each TP rank gets an equal slice
+    recompute: bool = False
+
+    def __post_init__(self) -> None:
+        if self.tp < 1 or self.pp < 1:
+            raise ValueError(f"parallel.tp and parallel.pp must be >= 1, got {self.tp}, {self.pp}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"model.dtype must be float32 or bfloat16, got {self.dtype!r}")
+        if self.precision not in ("default", "fp8"):
+            raise ValueError(f"model.precision must be default or fp8, got {self.precision!r}")
+        if self.fp8_recipe not in ("delayed", "tensorwise"):
+            raise ValueError(f"model.fp8_recipe must be delayed or tensorwise, got {self.fp8_recipe!r}")
+
+
+def padded_vocab(vocab: int, multiple: int, tp: int) -> int:
+    m = multiple * tp
+    return ((vocab + m - 1) // m) * m
+
+
+def megatron_config(hf: Any, bc: BridgeConfig):
+    """(TransformerConfig, gpt_model_kwargs, layer_spec) for an HF config."""
+    import torch.nn.functional as F
+    from megatron.core.transformer import TransformerConfig
+
+    arch = arch_for(hf)
+    if getattr(hf, "hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act {hf.hidden_act!r} not supported (silu only)")
+    if bc.precision == "fp8" and not te_available():
+        raise RuntimeError(
+            "model.precision=fp8 needs Transformer Engine and a CUDA GPU; neither is available here"
+        )
+    if hf.num_hidden_layers % bc.pp:
+        raise ValueError(f"parallel.pp={bc.pp} must divide num_hidden_layers={hf.num_hidden_layers}")
+    kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
+    if kv_heads % bc.tp or hf.num_attention_heads % bc.tp:
+        raise ValueError(
+            f"parallel.tp={bc.tp} must divide the attention heads ({hf.num_attention_heads}) and kv heads ({kv_heads})"
+        )
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    dtype = getattr(torch, bc.dtype)
+    on_gpu = torch.cuda.is_available()
+    fp8 = {}
+    if bc.precision == "fp8":
+        fp8 = {"fp8": "hybrid", "fp8_recipe": bc.fp8_recipe}
+    cfg = TransformerConfig(
+        num_layers=hf.num_hidden_layers,
+        hidden_size=hf.hidden_size,
+        ffn_hidden_size=hf.intermediate_size,
+        num_attention_heads=hf.num_attention_heads,
+        num_query_groups=kv_heads,
+        kv_channels=head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=hf.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=bc.tp,
+        pipeline_model_parallel_size=bc.pp,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=bc.dtype == "bfloat16",
+        use_cpu_initialization=not on_gpu,
+        batch_p2p_sync=on_gpu,  # torch.cuda.synchronize after p2p: GPU only
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        recompute_granularity="full" if bc.recompute else None,
+        recompute_method="uniform" if bc.recompute else None,
+        recompute_num_layers=1 if bc.recompute else None,
+        **fp8,
+    )
+    kwargs = {
+        "vocab_size": padded_vocab(hf.vocab_size, bc.vocab_multiple, bc.tp),
+        "max_sequence_length": hf.max_position_embeddings,
+        "position_embedding_type": "rope",
+        "rotary_base": int(getattr(hf, "rope_theta", None) or hf.rope_parameters["rope_theta"]),
+        "share_embeddings_and_output_weights": bool(getattr(hf, "tie_word_embeddings", False)),
+    }
+    if te_available():
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
+    else:
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+    return cfg, kwargs, spec
+
+
+def build_gpt_model(hf: Any, bc: BridgeConfig):
+    """This rank's pipeline stage of the GPTModel (model parallel state must be initialised)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    cfg, kwargs, spec = megatron_config(hf, bc)
+    return GPTModel(
+        config=cfg,
+        transformer_layer_spec=spec,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        **kwargs,
+    )

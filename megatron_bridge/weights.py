@@ -1,0 +1,201 @@
+"""HF tensors <-> Megatron-Core (local or TE spec) weights, for any TP/PP layout.
+
+Megatron's fused QKV is grouped by query group: for each KV head g, the rows of its q heads, then
+its k row block, then its v row block; tensor parallelism splits whole groups. ``linear_fc1`` is
+``[gate; up]`` per TP shard. Row-parallel layers (``linear_proj``, ``linear_fc2``) split columns.
+The vocabulary is zero-padded to the model's (TP-divisible) size and sliced back on export.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from megatron_bridge.archs import arch_for
+
+
+class _Dims:
+    def __init__(self, hf: Any, tp: int):
+        self.H = hf.hidden_size
+        self.nq = hf.num_attention_heads
+        self.nkv = getattr(hf, "num_key_value_heads", None) or self.nq
+        self.D = getattr(hf, "head_dim", None) or self.H // self.nq
+        self.g = self.nq // self.nkv
+        self.ffn = hf.intermediate_size
+        self.tp = tp
+
+
+def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d: _Dims) -> torch.Tensor:
+    """(rows, ...) HF q/k/v -> Megatron's grouped layout, shape (nkv, (g + 2) D, ...)."""
+    tail = q.shape[1:]
+    return torch.cat(
+        [q.reshape(d.nkv, d.g * d.D, *tail), k.reshape(d.nkv, d.D, *tail), v.reshape(d.nkv, d.D, *tail)],
+        dim=1,
+    )
+
+
+def _split_qkv(x: torch.Tensor, d: _Dims) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Megatron's grouped (nkv, (g + 2) D, ...) -> HF q, k, v (rows, ...)."""
+    tail = x.shape[2:]
+    q, k, v = x[:, : d.g * d.D], x[:, d.g * d.D : (d.g + 1) * d.D], x[:, (d.g + 1) * d.D :]
+    return q.reshape(d.nq * d.D, *tail), k.reshape(d.nkv * d.D, *tail), v.reshape(d.nkv * d.D, *tail)
+
+
+def _rows(t: torch.Tensor, r: int, n: int) -> torch.Tensor:
+    return t.chunk(n, dim=0)[r]
+
+
+def _cols(t: torch.Tensor, r: int, n: int) -> torch.Tensor:
+    return t.chunk(n, dim=1)[r]
+
+
+def _pad_vocab(w: torch.Tensor, vocab: int) -> torch.Tensor:
+    if w.shape[0] == vocab:
+        return w
+    return torch.cat([w, w.new_zeros(vocab - w.shape[0], *w.shape[1:])])
+
+
+def stage_layers(num_layers: int, pp: int, pp_rank: int) -> range:
+    per = num_layers // pp
+    return range(pp_rank * per, (pp_rank + 1) * per)
+
+
+def megatron_state(
+    hf_state: dict[str, torch.Tensor],
+    hf: Any,
+    tp: int,
+    tp_rank: int,
+    pp: int,
+    pp_rank: int,
+    padded_vocab: int,
+) -> dict[str, torch.Tensor]:
+    """The Megatron state dict of one (tp_rank, pp_rank) from full HF tensors."""
+    arch, d = arch_for(hf), _Dims(hf, tp)
+    tied = bool(getattr(hf, "tie_word_embeddings", False))
+    out: dict[str, torch.Tensor] = {}
+    first, last = pp_rank == 0, pp_rank == pp - 1
+    embed = _pad_vocab(hf_state["model.embed_tokens.weight"], padded_vocab)
+    if first:
+        out["embedding.word_embeddings.weight"] = _rows(embed, tp_rank, tp)
+    for local, i in enumerate(stage_layers(hf.num_hidden_layers, pp, pp_rank)):
+        h, m = f"model.layers.{i}.", f"decoder.layers.{local}."
+        out[m + "input_layernorm.weight"] = hf_state[h + "input_layernorm.weight"]
+        out[m + "pre_mlp_layernorm.weight"] = hf_state[h + "post_attention_layernorm.weight"]
+        a = h + "self_attn."
+        qkv = _fuse_qkv(
+            hf_state[a + "q_proj.weight"], hf_state[a + "k_proj.weight"], hf_state[a + "v_proj.weight"], d
+        )
+        out[m + "self_attention.linear_qkv.weight"] = _rows(qkv, tp_rank, tp).reshape(-1, d.H)
+        if arch.qkv_bias:
+            b = _fuse_qkv(
+                hf_state[a + "q_proj.bias"], hf_state[a + "k_proj.bias"], hf_state[a + "v_proj.bias"], d
+            )
+            out[m + "self_attention.linear_qkv.bias"] = _rows(b, tp_rank, tp).reshape(-1)
+        if arch.qk_norm:
+            out[m + "self_attention.q_layernorm.weight"] = hf_state[a + "q_norm.weight"]
+            out[m + "self_attention.k_layernorm.weight"] = hf_state[a + "k_norm.weight"]
+        out[m + "self_attention.linear_proj.weight"] = _cols(hf_state[a + "o_proj.weight"], tp_rank, tp)
+        p = h + "mlp."
+        gate, up = (
+            _rows(hf_state[p + "gate_proj.weight"], tp_rank, tp),
+            _rows(hf_state[p + "up_proj.weight"], tp_rank, tp),
+        )
+        out[m + "mlp.linear_fc1.weight"] = torch.cat([gate, up])
+        out[m + "mlp.linear_fc2.weight"] = _cols(hf_state[p + "down_proj.weight"], tp_rank, tp)
+    if last:
+        out["decoder.final_layernorm.weight"] = hf_state["model.norm.weight"]
+        if not tied:
+            out["output_layer.weight"] = _rows(
+                _pad_vocab(hf_state["lm_head.weight"], padded_vocab), tp_rank, tp
+            )
+        elif not first:  # tied across stages: the last stage keeps its own synchronised copy
+            out["output_layer.weight"] = _rows(embed, tp_rank, tp)
+    return {k: v.contiguous().clone() for k, v in out.items()}
+
+
+def load_hf_weights(model: Any, hf_state: dict[str, torch.Tensor], hf: Any) -> None:
+    """Copy full HF tensors into this rank's stage of a GPTModel built by ``build_gpt_model``."""
+    from megatron.core import parallel_state as ps
+
+    tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
+    padded = model.vocab_size
+    sd = megatron_state(
+        hf_state,
+        hf,
+        tp,
+        ps.get_tensor_model_parallel_rank(),
+        pp,
+        ps.get_pipeline_model_parallel_rank(),
+        padded,
+    )
+    own = {k for k in model.state_dict() if not k.endswith("_extra_state")}
+    missing, unexpected = own - set(sd), set(sd) - own
+    if missing or unexpected:
+        raise KeyError(
+            f"weight mapping mismatch: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
+        )
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, t in sd.items():
+            target = params.get(name)
+            if target is None:
+                target = model.state_dict()[name]
+            if tuple(target.shape) != tuple(t.shape):
+                raise ValueError(f"{name}: megatron shape {tuple(target.shape)} != mapped {tuple(t.shape)}")
+            target.copy_(t.to(target.dtype))
+
+
+def _gather_tp(t: torch.Tensor, dim: int) -> torch.Tensor:
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    tp = ps.get_tensor_model_parallel_world_size()
+    if tp == 1:
+        return t.detach().clone()
+    parts = [torch.empty_like(t) for _ in range(tp)]
+    dist.all_gather(parts, t.detach().contiguous(), group=ps.get_tensor_model_parallel_group())
+    return torch.cat(parts, dim=dim)
+
+
+def export_hf_weights(model: Any, hf: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """HF-named full tensors of this rank's pipeline stage (gathered across TP), in order.
+    Every TP rank must iterate (the gathers are collective)."""
+    from megatron.core import parallel_state as ps
+
+    arch, d = arch_for(hf), _Dims(hf, ps.get_tensor_model_parallel_world_size())
+    pp, pp_rank = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
+    tied = bool(getattr(hf, "tie_word_embeddings", False))
+    sd = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+    V = hf.vocab_size
+    if pp_rank == 0:
+        yield "model.embed_tokens.weight", _gather_tp(sd["embedding.word_embeddings.weight"], 0)[:V]
+    for local, i in enumerate(stage_layers(hf.num_hidden_layers, pp, pp_rank)):
+        h, m = f"model.layers.{i}.", f"decoder.layers.{local}."
+        yield h + "input_layernorm.weight", sd[m + "input_layernorm.weight"].detach().clone()
+        qkv = _gather_tp(sd[m + "self_attention.linear_qkv.weight"].reshape(-1, (d.g + 2) * d.D, d.H), 0)
+        q, k, v = _split_qkv(qkv, d)
+        yield h + "self_attn.q_proj.weight", q
+        yield h + "self_attn.k_proj.weight", k
+        yield h + "self_attn.v_proj.weight", v
+        if arch.qkv_bias:
+            b = _gather_tp(sd[m + "self_attention.linear_qkv.bias"].reshape(-1, (d.g + 2) * d.D), 0)
+            qb, kb, vb = _split_qkv(b, d)
+            yield h + "self_attn.q_proj.bias", qb
+            yield h + "self_attn.k_proj.bias", kb
+            yield h + "self_attn.v_proj.bias", vb
+        if arch.qk_norm:
+            yield h + "self_attn.q_norm.weight", sd[m + "self_attention.q_layernorm.weight"].detach().clone()
+            yield h + "self_attn.k_norm.weight", sd[m + "self_attention.k_layernorm.weight"].detach().clone()
+        yield h + "self_attn.o_proj.weight", _gather_tp(sd[m + "self_attention.linear_proj.weight"], 1)
+        yield h + "post_attention_layernorm.weight", sd[m + "pre_mlp_layernorm.weight"].detach().clone()
+        fc1 = sd[m + "mlp.linear_fc1.weight"]
+        gate, up = fc1.chunk(2, dim=0)
+        yield h + "mlp.gate_proj.weight", _gather_tp(gate.contiguous(), 0)
+        yield h + "mlp.up_proj.weight", _gather_tp(up.contiguous(), 0)
+        yield h + "mlp.down_proj.weight", _gather_tp(sd[m + "mlp.linear_fc2.weight"], 1)
+    if pp_rank == pp - 1:
+        yield "model.norm.weight", sd["decoder.final_layernorm.weight"].detach().clone()
+        if not tied:
+            yield "lm_head.weight", _gather_tp(sd["output_layer.weight"], 0)[:V]
