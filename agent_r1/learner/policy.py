@@ -1,0 +1,145 @@
+"""Policy forward on packed streams: per-token logprobs and entropy from vocab-parallel logits.
+
+``PackedRotary`` lets Megatron's GPTModel take explicit per-token positions (restarting per
+packed sequence) on any layer spec; ``vocab_parallel_logprob_entropy`` reduces across the tensor-
+parallel group (max, sum-exp, target logit, expected logit) with its own backward, so the full
+vocabulary is never gathered; ``packed_logprobs`` runs it in chunks of label tokens so a long
+stream never materialises an fp32 (tokens x vocab) tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from agent_r1.learner.packing import Packed
+
+
+class PackedRotary(torch.nn.Module):
+    """Drop-in for ``GPTModel.rotary_pos_emb``: RoPE angles at ``self.positions`` when set."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+        self.positions: torch.Tensor | None = None
+
+    def get_rotary_seq_len(self, *args: Any, **kwargs: Any) -> int:
+        return self.inner.get_rotary_seq_len(*args, **kwargs)
+
+    def forward(
+        self, max_seq_len: int, offset: int = 0, packed_seq: bool = False, cp_group: Any = None
+    ) -> torch.Tensor:
+        if self.positions is None:
+            return self.inner(max_seq_len, offset, packed_seq=packed_seq, cp_group=cp_group)
+        inv = self.inner.inv_freq
+        freqs = torch.outer(self.positions.to(inv.dtype), inv)
+        if getattr(self.inner, "rotary_interleaved", False):
+            emb = torch.stack((freqs, freqs), dim=-1).view(freqs.shape[0], -1)
+        else:
+            emb = torch.cat((freqs, freqs), dim=-1)
+        return emb[:, None, None, :]
+
+
+def install_packed_rotary(model: Any) -> PackedRotary:
+    """Swap the model's rotary embedding for a ``PackedRotary`` (idempotent)."""
+    if isinstance(model.rotary_pos_emb, PackedRotary):
+        return model.rotary_pos_emb
+    model.rotary_pos_emb = PackedRotary(model.rotary_pos_emb)
+    return model.rotary_pos_emb
+
+
+class _VocabParallelLogprob(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, vocab_start: int, group: Any):
+        """logits (A, V/tp) float32, targets (A,) global ids -> logprob (A,), entropy (A,)."""
+        m = logits.max(-1).values
+        if group is not None:
+            dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+        z = logits - m.unsqueeze(-1)
+        ex = z.exp()
+        local = targets - vocab_start
+        inside = (local >= 0) & (local < logits.shape[-1])
+        tz = torch.where(
+            inside,
+            z.gather(-1, local.clamp(0, logits.shape[-1] - 1).unsqueeze(-1)).squeeze(-1),
+            torch.zeros_like(m),
+        )
+        stats = torch.stack([ex.sum(-1), (ex * z).sum(-1), tz], -1)
+        if group is not None:
+            dist.all_reduce(stats, group=group)
+        sumexp, ez, tz = stats.unbind(-1)
+        lse = sumexp.log()
+        logprob = tz - lse
+        entropy = lse - ez / sumexp
+        p = ex / sumexp.unsqueeze(-1)
+        ctx.save_for_backward(p, z, local, inside, lse, entropy)
+        return logprob, entropy
+
+    @staticmethod
+    def backward(ctx, g_lp: torch.Tensor, g_ent: torch.Tensor):
+        p, z, local, inside, lse, entropy = ctx.saved_tensors
+        # d logprob / d z_j = 1[j = target] - p_j ;  d H / d z_j = -p_j (log p_j + H)
+        grad = -p * g_lp.unsqueeze(-1)
+        onehot = torch.zeros_like(p).scatter_(
+            -1, local.clamp(0, p.shape[-1] - 1).unsqueeze(-1), 1.0
+        ) * inside.unsqueeze(-1)
+        grad = grad + onehot * g_lp.unsqueeze(-1)
+        logp = z - lse.unsqueeze(-1)
+        grad = grad - p * (logp + entropy.unsqueeze(-1)) * g_ent.unsqueeze(-1)
+        return grad, None, None, None
+
+
+def vocab_parallel_logprob_entropy(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    vocab_start: int = 0,
+    group: Any = None,
+    vocab_size: int | None = None,
+):
+    """Per-row logprob of ``targets`` and entropy under softmax(logits) where ``logits`` holds this
+    rank's vocabulary slice ``[vocab_start, vocab_start + V/tp)``; exact across TP ranks. Columns at
+    or beyond ``vocab_size`` (the TP padding of the embedding) are excluded from the softmax."""
+    logits = logits.float()
+    if vocab_size is not None and vocab_start + logits.shape[-1] > vocab_size:
+        pad = torch.arange(logits.shape[-1]) + vocab_start >= vocab_size
+        logits = logits.masked_fill(pad, -1e30)  # finite: exp() gives 0 and 0 * logit stays 0
+    return _VocabParallelLogprob.apply(logits, targets, vocab_start, group)
+
+
+def packed_logprobs(
+    logits: torch.Tensor,
+    packed: Packed,
+    group: Any = None,
+    vocab_start: int = 0,
+    vocab_size: int | None = None,
+    chunk: int = 2048,
+):
+    """(A,) logprobs and entropies of every action token of ``packed`` from the model's (N, V/tp)
+    logits (the logits at p - 1 predict the token at p), in chunks of label tokens. ``vocab_size``:
+    the real vocabulary (the model's is padded for TP)."""
+    lps, ents = [], []
+    for a in range(0, packed.label_pos.numel(), chunk):
+        p = packed.label_pos[a : a + chunk]
+        lp, ent = vocab_parallel_logprob_entropy(
+            logits[p - 1], packed.tokens[p], vocab_start, group, vocab_size
+        )
+        lps.append(lp)
+        ents.append(ent)
+    return torch.cat(lps), torch.cat(ents)
+
+
+def packed_forward(model: Any, packed: Packed) -> torch.Tensor:
+    """GPTModel forward of one packed stream (batch 1): block-diagonal causal attention and
+    per-sequence positions. Returns (N, V/tp) logits on the last pipeline stage."""
+    rotary = install_packed_rotary(model)
+    rotary.positions = packed.positions
+    try:
+        out = model(packed.tokens.unsqueeze(0), packed.positions.unsqueeze(0), packed.attention_mask())
+    finally:
+        rotary.positions = None
+    from megatron.core import parallel_state as ps
+
+    # last stage: logits (1, N, V/tp) -> (N, V/tp); other stages: hidden states for the next stage
+    return out[0] if ps.is_pipeline_last_stage() else out

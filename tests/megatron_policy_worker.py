@@ -1,0 +1,149 @@
+"""One rank of the packed-policy checks: prefix-merged packed logprobs through Megatron (TP/PP)
+equal per-step recomputation with the HF model; the vocab-parallel backward equals autograd."""
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def main() -> None:
+    rank, world, port, model_dir, out = (
+        int(sys.argv[1]),
+        int(sys.argv[2]),
+        sys.argv[3],
+        sys.argv[4],
+        sys.argv[5],
+    )
+    torch.set_num_threads(1)
+    from transformers import AutoModelForCausalLM
+
+    from agent_r1.learner.packing import pack, token_logprobs
+    from agent_r1.records.schema import records_from_table
+    from agent_r1.records.synth import synth_table
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
+    t = synth_table(
+        4,
+        group_size=2,
+        max_steps=5,
+        seed=1,
+        prompt_len=(5, 12),
+        action_len=(2, 6),
+        feedback_len=(1, 4),
+        vocab=hf.config.vocab_size,
+    )
+    trajs: dict = {}
+    for r in records_from_table(t):
+        trajs.setdefault(r.trajectory_id, []).append(
+            {"obs": r.obs_token_ids, "action": r.action_token_ids, "prefix_len": r.prefix_len}
+        )
+    trajs = list(trajs.values())
+    ref = []
+    with torch.no_grad():
+        for steps in trajs:
+            for s in steps:
+                ids = torch.tensor([s["obs"] + s["action"]])
+                lp, _ = token_logprobs(
+                    hf(input_ids=ids).logits[0], ids[0], torch.arange(len(s["obs"]), ids.shape[1])
+                )
+                ref.append(lp)
+    ref = torch.cat(ref)
+    packed = pack(trajs)
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    import megatron.core  # noqa: F401
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from agent_r1.learner.cpu_compat import apply
+    from agent_r1.learner.policy import packed_forward, packed_logprobs, vocab_parallel_logprob_entropy
+    from megatron_bridge import BridgeConfig, build_gpt_model, load_hf_weights
+
+    apply()
+    cfg = AutoConfig.from_pretrained(model_dir)
+    state = load_file(f"{model_dir}/model.safetensors")
+    results = {}
+    for layout in ("1x1", "2x1", "1x2"):
+        tp, pp = map(int, layout.split("x"))
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        model_parallel_cuda_manual_seed(0)
+        model = build_gpt_model(cfg, BridgeConfig(tp=tp, pp=pp))
+        load_hf_weights(model, state, cfg)
+        got = {}
+
+        def step(it, model, got=got):
+            # PackedRotary positions + block-diagonal mask; on non-last stages the output is hidden states
+            out = packed_forward(model, packed)
+            out = out.unsqueeze(0) if ps.is_pipeline_last_stage() else out
+
+            def loss(output):
+                v0 = ps.get_tensor_model_parallel_rank() * output.shape[-1]
+                lp, ent = packed_logprobs(
+                    output[0], packed, ps.get_tensor_model_parallel_group(), v0, cfg.vocab_size, chunk=7
+                )
+                got["lp"], got["ent"] = lp, ent
+                return lp.sum() * 0.0, {}
+
+            return out, loss
+
+        with torch.no_grad():
+            get_forward_backward_func()(
+                forward_step_func=step,
+                data_iterator=iter([None]),
+                model=[model],
+                num_microbatches=1,
+                seq_length=packed.num_tokens,
+                micro_batch_size=1,
+                forward_only=True,
+            )
+        diff = float((got["lp"].double() - ref).abs().max()) if "lp" in got else None
+        if "lp" in got and diff > 1e-5 and rank == 0:
+            bad = ((got["lp"].double() - ref).abs() > 1e-5).nonzero()[:10, 0]
+            print(
+                "DEBUG",
+                layout,
+                bad.tolist(),
+                packed.label_pos[bad].tolist(),
+                packed.label_step[bad].tolist(),
+                packed.cu_seqlens.tolist(),
+                flush=True,
+            )
+        allres = [None] * world
+        dist.all_gather_object(allres, diff)
+        results[layout] = max(d for d in allres if d is not None)
+        ps.destroy_model_parallel()
+    # vocab-parallel backward vs autograd on the full vocabulary (TP = world)
+    ps.initialize_model_parallel(tensor_model_parallel_size=world)
+    g = torch.Generator().manual_seed(0)
+    full = torch.randn(6, 40, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, 40, (6,), generator=g)
+    w = torch.randn(6, generator=g, dtype=torch.float64)
+    we = torch.randn(6, generator=g, dtype=torch.float64)
+    shard = full.chunk(world, -1)[rank].clone().requires_grad_(True)
+    lp, ent = vocab_parallel_logprob_entropy(
+        shard, targets, rank * 40 // world, ps.get_tensor_model_parallel_group()
+    )
+    (lp.double() * w + ent.double() * we).sum().backward()
+    ref_full = full.clone().requires_grad_(True)
+    logp = torch.log_softmax(ref_full, -1)
+    ((logp.gather(1, targets[:, None])[:, 0]) * w + (-(logp.exp() * logp).sum(-1)) * we).sum().backward()
+    grad_diff = float((shard.grad.double() - ref_full.grad.chunk(world, -1)[rank]).abs().max())
+    value_diff = float((lp.double() - logp.gather(1, targets[:, None])[:, 0]).abs().max())
+    allg = [None] * world
+    dist.all_gather_object(allg, (grad_diff, value_diff))
+    results["vocab_parallel_grad_diff"] = max(a for a, _ in allg)
+    results["vocab_parallel_value_diff"] = max(b for _, b in allg)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(results, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
