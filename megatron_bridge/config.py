@@ -92,6 +92,8 @@ def megatron_config(hf: Any, bc: BridgeConfig):
         bf16=bc.dtype == "bfloat16",
         use_cpu_initialization=not on_gpu,
         batch_p2p_sync=on_gpu,  # torch.cuda.synchronize after p2p: GPU only
+        variable_seq_lengths=bc.pp > 1,  # packed micro-batches differ in length: send shapes first
+        moe_token_dispatcher_type="alltoall",  # (no MoE here; allgather refuses variable lengths)
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,

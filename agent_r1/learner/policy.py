@@ -43,7 +43,9 @@ class PackedRotary(torch.nn.Module):
 
 
 def install_packed_rotary(model: Any) -> PackedRotary:
-    """Swap the model's rotary embedding for a ``PackedRotary`` (idempotent)."""
+    """Swap the model's rotary embedding for a ``PackedRotary`` (idempotent; unwraps DDP etc.)."""
+    while not hasattr(model, "rotary_pos_emb") and hasattr(model, "module"):
+        model = model.module
     if isinstance(model.rotary_pos_emb, PackedRotary):
         return model.rotary_pos_emb
     model.rotary_pos_emb = PackedRotary(model.rotary_pos_emb)
