@@ -81,12 +81,13 @@ def main() -> None:
     old = actor.logprobs(trajs)
     batch = StepBatchForLearner(trajs, old, adv)
     losses = [batch_loss(actor, batch)]
-    for k in range(3):
+    first_metrics = None
+    for _ in range(3):
         step_metrics = actor.train_step(batch, "ppo")
-        m = step_metrics if k == 0 else m
+        first_metrics = first_metrics or step_metrics
         losses.append(batch_loss(actor, batch))
     results["dp2_losses"] = losses
-    results["dp2_metrics"] = {k: m[k] for k in ("grad_norm", "lr", "clipfrac", "approx_kl") if k in m}
+    results["dp2_metrics"] = {k: first_metrics[k] for k in ("grad_norm", "lr", "clipfrac", "approx_kl") if k in first_metrics}
     actor.save(ckpt, {"data_cursor": 7})
     results["next_loss_saved"] = batch_loss(actor, batch)
     same = Actor(model_dir, BridgeConfig(), optim)
