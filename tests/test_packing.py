@@ -43,6 +43,7 @@ def test_merge_chains_and_counts():
     assert p.positions.tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4]
     assert p.cu_seqlens.tolist() == [0, 6, 11]
     assert p.label_pos.tolist() == [2, 4, 5, 8, 10] and p.label_step.tolist() == [0, 1, 1, 2, 3]
+    assert p.step_value_pos.tolist() == [1, 3, 7, 9]  # last observation token of each step
     unmerged = pack([steps], merge=False)
     assert unmerged.num_tokens == 3 + 6 + 3 + 5 and unmerged.label_step.tolist() == [0, 1, 1, 2, 3]
     m = p.attention_mask()[0, 0]

@@ -55,7 +55,7 @@ class StepBatchForLearner:
 
 
 class Actor:
-    def __init__(self, hf_dir: str | Path, bridge: Any, optim: OptimConfig, seed: int = 0):
+    def __init__(self, hf_dir: str | Path, bridge: Any, optim: OptimConfig, seed: int = 0, value_head: bool = False, trainable: bool = True):
         from megatron.core.distributed import (
             DistributedDataParallel,
             DistributedDataParallelConfig,
@@ -72,12 +72,32 @@ class Actor:
         self.hf_dir, self.bridge, self.optim_cfg = Path(hf_dir), bridge, optim
         self.hf_config = AutoConfig.from_pretrained(self.hf_dir)
         model_parallel_cuda_manual_seed(seed)
-        module = build_gpt_model(self.hf_config, bridge)
         state = {}
         for f in sorted(self.hf_dir.glob("*.safetensors")):
             state.update(load_file(str(f)))
+        if value_head:  # the critic: untied backbone, scalar head instead of the vocabulary
+            import copy
+
+            self.hf_config = copy.deepcopy(self.hf_config)
+            if getattr(self.hf_config, "tie_word_embeddings", False):
+                self.hf_config.tie_word_embeddings = False
+                state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        module = build_gpt_model(self.hf_config, bridge)
         load_hf_weights(module, state, self.hf_config)
+        if value_head:
+            from megatron.core import parallel_state as ps
+
+            from agent_r1.learner.critic import ValueHead
+
+            if ps.is_pipeline_last_stage():
+                module.output_layer = ValueHead(self.hf_config.hidden_size, module.config.params_dtype)
         cfg = module.config
+        self.trainable = trainable
+        if not trainable:  # a frozen reference policy: no DDP, no optimizer
+            for p in module.parameters():
+                p.requires_grad_(False)
+            self.model, self.optimizer, self.scheduler, self.steps = module, None, None, 0
+            return
         ddp = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, use_distributed_optimizer=optim.distributed_optimizer
         )
@@ -118,7 +138,7 @@ class Actor:
     # ---- helpers ------------------------------------------------------------------------------------
     @property
     def module(self) -> Any:
-        return self.model.module
+        return self.model.module if self.trainable else self.model
 
     def _tp(self) -> tuple[Any, int]:
         from megatron.core import parallel_state as ps

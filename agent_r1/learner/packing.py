@@ -28,6 +28,7 @@ class Packed:
     label_step: torch.Tensor  # (A,) which step (row of the input list) the action token belongs to
     label_mask: torch.Tensor  # (A,) bool, the step's action_mask
     num_steps: int
+    step_value_pos: torch.Tensor | None = None  # (num_steps,) last observation token of each step
 
     @property
     def num_tokens(self) -> int:
@@ -65,6 +66,7 @@ def pack(trajectories: list[list[dict]], merge: bool = True) -> Packed:
     label_pos: list[int] = []
     label_step: list[int] = []
     label_mask: list[int] = []
+    value_pos: list[int] = []
     row = 0
     for steps in trajectories:
         chains = merge_chains(steps) if merge else [[i] for i in range(len(steps))]
@@ -75,6 +77,7 @@ def pack(trajectories: list[list[dict]], merge: bool = True) -> Packed:
                 new_obs = s["obs"] if j == 0 else s["obs"][s["prefix_len"] :]
                 toks += new_obs
                 a0 = len(toks)
+                value_pos.append(a0 - 1)  # the critic's value at the step start
                 toks += s["action"]
                 label_pos += range(a0, len(toks))
                 label_step += [row + i] * len(s["action"])
@@ -94,6 +97,7 @@ def pack(trajectories: list[list[dict]], merge: bool = True) -> Packed:
         t(label_step, dtype=torch.int64),
         t(label_mask, dtype=torch.bool),
         row,
+        t(value_pos, dtype=torch.int64),
     )
 
 

@@ -1,0 +1,39 @@
+"""Critic (value head on the Megatron backbone) and frozen reference policy."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).with_name("megatron_critic_worker.py")
+
+
+@pytest.fixture(scope="module")
+def critic_results(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("critic") / "results.json"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), "2", port, str(tiny_model_dir), str(out)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    logs = [p.communicate(timeout=900)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(log[-4000:] for log in logs)
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("layout", ["1x1", "2x1", "1x2"])
+def test_value_regression_and_prefix_merged_values(critic_results, layout):
+    losses = critic_results[f"value_losses_{layout}"]
+    assert losses[-1] < 0.7 * losses[0], losses
+    assert critic_results[f"values_nonzero_{layout}"] > 1e-3  # the head learned something
+    assert critic_results[f"value_merge_diff_{layout}"] < 1e-5
+
+
+@pytest.mark.parametrize("layout", ["1x1", "2x1", "1x2"])
+def test_reference_policy_equals_initial_actor(critic_results, layout):
+    assert critic_results[f"ref_diff_{layout}"] < 1e-6
