@@ -87,7 +87,9 @@ def main() -> None:
         first_metrics = first_metrics or step_metrics
         losses.append(batch_loss(actor, batch))
     results["dp2_losses"] = losses
-    results["dp2_metrics"] = {k: first_metrics[k] for k in ("grad_norm", "lr", "clipfrac", "approx_kl") if k in first_metrics}
+    results["dp2_metrics"] = {
+        k: first_metrics[k] for k in ("grad_norm", "lr", "clipfrac", "approx_kl") if k in first_metrics
+    }
     actor.save(ckpt, {"data_cursor": 7})
     results["next_loss_saved"] = batch_loss(actor, batch)
     same = Actor(model_dir, BridgeConfig(), optim)

@@ -16,7 +16,13 @@ def gather_first(x, world):
 
 
 def main() -> None:
-    rank, world, port, model_dir, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+    rank, world, port, model_dir, out = (
+        int(sys.argv[1]),
+        int(sys.argv[2]),
+        sys.argv[3],
+        sys.argv[4],
+        sys.argv[5],
+    )
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     import megatron.core  # noqa: F401
@@ -32,10 +38,21 @@ def main() -> None:
 
     apply()
     vocab = AutoConfig.from_pretrained(model_dir).vocab_size
-    t = synth_table(6, group_size=2, max_steps=4, seed=5, prompt_len=(5, 10), action_len=(2, 5), feedback_len=(1, 3), vocab=vocab)
+    t = synth_table(
+        6,
+        group_size=2,
+        max_steps=4,
+        seed=5,
+        prompt_len=(5, 10),
+        action_len=(2, 5),
+        feedback_len=(1, 3),
+        vocab=vocab,
+    )
     trajs: dict = {}
     for r in records_from_table(t):
-        trajs.setdefault(r.trajectory_id, []).append({"obs": r.obs_token_ids, "action": r.action_token_ids, "prefix_len": r.prefix_len})
+        trajs.setdefault(r.trajectory_id, []).append(
+            {"obs": r.obs_token_ids, "action": r.action_token_ids, "prefix_len": r.prefix_len}
+        )
     trajs = list(trajs.values())
     split = [[{**s, "prefix_len": 0}] for steps in trajs for s in steps]  # every step its own sequence
     n = sum(len(x) for x in trajs)
@@ -46,16 +63,22 @@ def main() -> None:
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
         critic = Critic(model_dir, BridgeConfig(tp=tp, pp=pp), OptimConfig(lr=3e-3, micro_tokens=40))
         losses = [critic.train_step(trajs, returns)["value_loss"] for _ in range(6)]
-        results[f"value_losses_{layout}"] = gather_first(losses if ps.is_pipeline_last_stage() else None, world)
+        results[f"value_losses_{layout}"] = gather_first(
+            losses if ps.is_pipeline_last_stage() else None, world
+        )
         v_merged = gather_first(critic.values(trajs), world)
         v_split = gather_first(critic.values(split), world)
-        results[f"value_merge_diff_{layout}"] = max(abs(a - b) for a, b in zip(v_merged, v_split, strict=True))
+        results[f"value_merge_diff_{layout}"] = max(
+            abs(a - b) for a, b in zip(v_merged, v_split, strict=True)
+        )
         results[f"values_nonzero_{layout}"] = max(abs(a) for a in v_merged)
         actor = Actor(model_dir, BridgeConfig(tp=tp, pp=pp), OptimConfig())
         ref = Actor(model_dir, BridgeConfig(tp=tp, pp=pp), OptimConfig(), trainable=False)
         a_lp = gather_first(actor.logprobs(trajs), world)
         r_lp = gather_first(ref.logprobs(trajs), world)
-        results[f"ref_diff_{layout}"] = max(abs(x - y) for sa, sb in zip(a_lp, r_lp, strict=True) for x, y in zip(sa, sb, strict=True))
+        results[f"ref_diff_{layout}"] = max(
+            abs(x - y) for sa, sb in zip(a_lp, r_lp, strict=True) for x, y in zip(sa, sb, strict=True)
+        )
         ps.destroy_model_parallel()
     if rank == 0:
         with open(out, "w") as f:

@@ -55,7 +55,15 @@ class StepBatchForLearner:
 
 
 class Actor:
-    def __init__(self, hf_dir: str | Path, bridge: Any, optim: OptimConfig, seed: int = 0, value_head: bool = False, trainable: bool = True):
+    def __init__(
+        self,
+        hf_dir: str | Path,
+        bridge: Any,
+        optim: OptimConfig,
+        seed: int = 0,
+        value_head: bool = False,
+        trainable: bool = True,
+    ):
         from megatron.core.distributed import (
             DistributedDataParallel,
             DistributedDataParallelConfig,
@@ -278,7 +286,7 @@ class Actor:
         dist.barrier()
         model_sd = self.module.sharded_state_dict()
         state = {"model": model_sd}
-        if with_optimizer:
+        if with_optimizer and self.optimizer is not None:
             state["optimizer"] = self.optimizer.sharded_state_dict(
                 model_sd, metadata={"distrib_optim_sharding_type": "dp_reshardable"}
             )
@@ -287,8 +295,8 @@ class Actor:
         if dist.get_rank() == 0:
             meta = {
                 "steps": self.steps,
-                "scheduler": self.scheduler.state_dict(),
-                "with_optimizer": with_optimizer,
+                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+                "with_optimizer": with_optimizer and self.optimizer is not None,
                 "tp": self.bridge.tp,
                 "pp": self.bridge.pp,
                 "trainer": trainer_state or {},
@@ -318,7 +326,11 @@ class Actor:
         path = Path(path)
         meta = json.loads((path / "agent_r1_state.json").read_text())
         same_layout = meta["tp"] == self.bridge.tp and meta["pp"] == self.bridge.pp
-        want_opt = meta["with_optimizer"] and (same_layout if with_optimizer is None else with_optimizer)
+        want_opt = (
+            meta["with_optimizer"]
+            and self.optimizer is not None
+            and (same_layout if with_optimizer is None else with_optimizer)
+        )
         model_sd = self.module.sharded_state_dict()
         state = {"model": model_sd}
         if want_opt:
@@ -338,7 +350,8 @@ class Actor:
                     if "step" in st:
                         st["step"] = torch.tensor(float(meta["steps"]))
         self.steps = meta["steps"]
-        self.scheduler.load_state_dict(meta["scheduler"])
+        if self.scheduler is not None and meta["scheduler"] is not None:
+            self.scheduler.load_state_dict(meta["scheduler"])
         return meta["trainer"]
 
 

@@ -27,7 +27,14 @@ class ValueHead(torch.nn.Module):
 
 
 class Critic(Actor):
-    def __init__(self, hf_dir: str | Path, bridge: Any, optim: OptimConfig, seed: int = 0, value_clip: float | None = 0.2):
+    def __init__(
+        self,
+        hf_dir: str | Path,
+        bridge: Any,
+        optim: OptimConfig,
+        seed: int = 0,
+        value_clip: float | None = 0.2,
+    ):
         self.value_clip = value_clip
         super().__init__(hf_dir, bridge, optim, seed, value_head=True)
 
@@ -39,7 +46,9 @@ class Critic(Actor):
 
         def loss_fn(members, mb, values):
             v = values[mb.step_value_pos, 0]
-            for row, val in zip(_global_rows(members, trajectories, starts).tolist(), v.tolist(), strict=True):
+            for row, val in zip(
+                _global_rows(members, trajectories, starts).tolist(), v.tolist(), strict=True
+            ):
                 out[row] = val
             return v.sum() * 0.0, {}
 
@@ -50,7 +59,9 @@ class Critic(Actor):
 
         return [out[i] for i in range(len(out))] if ps.is_pipeline_last_stage() else None
 
-    def train_step(self, trajectories: list[list[dict]], returns: list[float], old_values: list[float] | None = None) -> dict[str, float]:
+    def train_step(
+        self, trajectories: list[list[dict]], returns: list[float], old_values: list[float] | None = None
+    ) -> dict[str, float]:
         """One update of 0.5 (V - R)^2 averaged over steps (PPO value clipping around old values)."""
         micro = pack_micro_batches(trajectories, self.optim_cfg.micro_tokens)
         starts = _step_offsets(trajectories)
