@@ -132,16 +132,46 @@ def packed_logprobs(
     return torch.cat(lps), torch.cat(ents)
 
 
+def _uses_te(model: Any) -> bool:
+    while not hasattr(model, "config") and hasattr(model, "module"):
+        model = model.module
+    inner = model
+    while hasattr(inner, "module") and not hasattr(inner, "decoder"):
+        inner = inner.module
+    layer = inner.decoder.layers[0] if hasattr(inner, "decoder") and len(inner.decoder.layers) else None
+    return layer is not None and "TE" in type(layer.self_attention.core_attention).__name__
+
+
 def packed_forward(model: Any, packed: Packed) -> torch.Tensor:
     """GPTModel forward of one packed stream (batch 1): block-diagonal causal attention and
-    per-sequence positions. Returns (N, V/tp) logits on the last pipeline stage."""
+    per-sequence positions. Returns (N, V/tp) logits on the last pipeline stage.
+
+    Local spec (CPU): an explicit block-diagonal mask and ``PackedRotary`` positions. Transformer
+    Engine spec (GPU): THD ``PackedSeqParams`` with the sequence boundaries, which TE's attention
+    and Megatron's RoPE understand natively (no N x N mask). The TE branch needs a GPU and is not
+    exercised on the CPU test machines."""
+    from megatron.core import parallel_state as ps
+
+    if _uses_te(model):
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        cu = packed.cu_seqlens.to(torch.int32).cuda()
+        longest = int((packed.cu_seqlens[1:] - packed.cu_seqlens[:-1]).max())
+        params = PackedSeqParams(
+            qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest, max_seqlen_kv=longest
+        )
+        out = model(
+            packed.tokens.unsqueeze(0).cuda(),
+            packed.positions.unsqueeze(0).cuda(),
+            None,
+            packed_seq_params=params,
+        )
+        return out[0] if ps.is_pipeline_last_stage() else out
     rotary = install_packed_rotary(model)
     rotary.positions = packed.positions
     try:
         out = model(packed.tokens.unsqueeze(0), packed.positions.unsqueeze(0), packed.attention_mask())
     finally:
         rotary.positions = None
-    from megatron.core import parallel_state as ps
-
     # last stage: logits (1, N, V/tp) -> (N, V/tp); other stages: hidden states for the next stage
     return out[0] if ps.is_pipeline_last_stage() else out
