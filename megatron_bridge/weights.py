@@ -115,6 +115,40 @@ def megatron_state(
     return {k: v.contiguous().clone() for k, v in out.items()}
 
 
+# The Transformer Engine spec fuses the pre-attention / pre-MLP norms into the following linear
+# layers; the local spec keeps them as modules. Names differ only there.
+_TE_NAMES = {
+    "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
+    "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
+}
+
+
+def to_te_names(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for k, v in sd.items():
+        for local, te in _TE_NAMES.items():
+            if k.endswith("." + local):
+                k = k[: -len(local)] + te
+                break
+        out[k] = v
+    return out
+
+
+def from_te_names(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for k, v in sd.items():
+        for local, te in _TE_NAMES.items():
+            if k.endswith("." + te):
+                k = k[: -len(te)] + local
+                break
+        out[k] = v
+    return out
+
+
+def _is_te(model_keys) -> bool:
+    return any(k.endswith("linear_qkv.layer_norm_weight") for k in model_keys)
+
+
 def load_hf_weights(model: Any, hf_state: dict[str, torch.Tensor], hf: Any) -> None:
     """Copy full HF tensors into this rank's stage of a GPTModel built by ``build_gpt_model``."""
     from megatron.core import parallel_state as ps
@@ -131,6 +165,8 @@ def load_hf_weights(model: Any, hf_state: dict[str, torch.Tensor], hf: Any) -> N
         padded,
     )
     own = {k for k in model.state_dict() if not k.endswith("_extra_state")}
+    if _is_te(own):
+        sd = to_te_names(sd)
     missing, unexpected = own - set(sd), set(sd) - own
     if missing or unexpected:
         raise KeyError(
@@ -168,6 +204,8 @@ def export_hf_weights(model: Any, hf: Any) -> Iterator[tuple[str, torch.Tensor]]
     pp, pp_rank = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
     tied = bool(getattr(hf, "tie_word_embeddings", False))
     sd = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+    if _is_te(sd):
+        sd = from_te_names(sd)
     V = hf.vocab_size
     if pp_rank == 0:
         yield "model.embed_tokens.weight", _gather_tp(sd["embedding.word_embeddings.weight"], 0)[:V]

@@ -102,3 +102,20 @@ def test_micro_batches_cover_every_step_once_within_budget():
     assert sum(p.num_tokens for _, p in mbs) == pack(trajs).num_tokens
     assert sum(int(p.label_pos.numel()) for _, p in mbs) == sum(len(s["action"]) for t in trajs for s in t)
     assert len(pack_micro_batches(trajs, 1)) == len(trajs)  # over budget: one trajectory each
+
+
+def test_te_spec_name_mapping_round_trips():
+    from megatron_bridge.weights import from_te_names, to_te_names
+
+    sd = {
+        "decoder.layers.3.input_layernorm.weight": 1,
+        "decoder.layers.3.pre_mlp_layernorm.weight": 2,
+        "decoder.final_layernorm.weight": 3,
+    }
+    te = to_te_names(sd)
+    assert te == {
+        "decoder.layers.3.self_attention.linear_qkv.layer_norm_weight": 1,
+        "decoder.layers.3.mlp.linear_fc1.layer_norm_weight": 2,
+        "decoder.final_layernorm.weight": 3,
+    }
+    assert from_te_names(te) == sd

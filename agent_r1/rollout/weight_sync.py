@@ -68,8 +68,12 @@ class WeightUpdateGroup:
         master_address: str = "127.0.0.1",
         backend: str = "gloo",
         group_name: str = "weight_update_group",
+        rollout_client: RolloutClient | None = None,
     ):
+        """``rollout_client``: the client that generates; servers that miss an update are disabled
+        in it until they have the new version."""
         self.servers = [s.rstrip("/") for s in servers]
+        self.rollout_client = rollout_client
         self.master_address, self.backend, self.group_name = master_address, backend, group_name
         self.client = RolloutClient(servers=self.servers)
         self.group = None
