@@ -220,8 +220,13 @@ class Server:
             return _error(f"malformed request: {e}")
         queue: asyncio.Queue[tuple[Request, bool]] = asyncio.Queue()
 
+        stream = bool(body.get("stream"))
+        index = {id(r): i for i, r in enumerate(reqs)}
+
         def cb(r: Request, finished: bool) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, (r, finished))
+            # streaming: snapshot the chunk now (the engine keeps appending tokens meanwhile)
+            chunk = self._payload(r, index[id(r)]) if stream else None
+            loop.call_soon_threadsafe(queue.put_nowait, (r, finished, chunk))
 
         for r in reqs:
             r.on_update = cb
@@ -232,7 +237,7 @@ class Server:
         left = len(reqs)
         try:
             while left:
-                _, finished = await queue.get()
+                _, finished, _ = await queue.get()
                 left -= finished
         except asyncio.CancelledError:  # client went away: free the engine
             for r in reqs:
@@ -246,13 +251,12 @@ class Server:
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        index = {id(r): i for i, r in enumerate(reqs)}
         left = len(reqs)
         try:
             while left:
-                r, finished = await queue.get()
+                _, finished, chunk = await queue.get()
                 left -= finished
-                await resp.write(f"data: {json.dumps(self._payload(r, index[id(r)]))}\n\n".encode())
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
         except (ConnectionResetError, asyncio.CancelledError):
             for r in reqs:
