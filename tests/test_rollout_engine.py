@@ -90,7 +90,9 @@ def test_continuous_batching_matches_one_at_a_time(engine, codec):
 
 
 def test_group_shares_the_prompt_prefill(engine, codec):
-    engine.cache.clear()
+    # under the engine lock: a finished request's KV is cached at the end of its scheduler step,
+    # which may still be running when the previous call returned
+    assert engine.flush_cache()
     prompt = _prompt(
         codec, "Dev has 40 stamps. Then Dev gives away 12 stamps. How many stamps does Dev have now?"
     )
