@@ -47,6 +47,7 @@ def main() -> None:
 
     from agent_r1.learner.actor import Actor, OptimConfig, StepBatchForLearner
     from agent_r1.learner.cpu_compat import apply
+    from agent_r1.learner.packing import trajectories_from_records
     from agent_r1.records.schema import records_from_table
     from agent_r1.records.synth import synth_table
     from megatron_bridge import BridgeConfig
@@ -63,12 +64,7 @@ def main() -> None:
         feedback_len=(1, 3),
         vocab=vocab,
     )
-    trajs: dict = {}
-    for r in records_from_table(t):
-        trajs.setdefault(r.trajectory_id, []).append(
-            {"obs": r.obs_token_ids, "action": r.action_token_ids, "prefix_len": r.prefix_len}
-        )
-    trajs = list(trajs.values())
+    trajs = trajectories_from_records(records_from_table(t))
     g = torch.Generator().manual_seed(0)
     n_steps = sum(len(x) for x in trajs)
     adv = (torch.randint(0, 2, (n_steps,), generator=g) * 2 - 1).float().tolist()

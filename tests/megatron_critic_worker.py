@@ -32,6 +32,7 @@ def main() -> None:
     from agent_r1.learner.actor import Actor, OptimConfig
     from agent_r1.learner.cpu_compat import apply
     from agent_r1.learner.critic import Critic
+    from agent_r1.learner.packing import trajectories_from_records
     from agent_r1.records.schema import records_from_table
     from agent_r1.records.synth import synth_table
     from megatron_bridge import BridgeConfig
@@ -48,12 +49,7 @@ def main() -> None:
         feedback_len=(1, 3),
         vocab=vocab,
     )
-    trajs: dict = {}
-    for r in records_from_table(t):
-        trajs.setdefault(r.trajectory_id, []).append(
-            {"obs": r.obs_token_ids, "action": r.action_token_ids, "prefix_len": r.prefix_len}
-        )
-    trajs = list(trajs.values())
+    trajs = trajectories_from_records(records_from_table(t))
     split = [[{**s, "prefix_len": 0}] for steps in trajs for s in steps]  # every step its own sequence
     n = sum(len(x) for x in trajs)
     returns = torch.linspace(-1, 1, n).tolist()

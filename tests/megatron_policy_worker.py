@@ -19,7 +19,7 @@ def main() -> None:
     torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM
 
-    from agent_r1.learner.packing import pack, token_logprobs
+    from agent_r1.learner.packing import pack, token_logprobs, trajectories_from_records
     from agent_r1.records.schema import records_from_table
     from agent_r1.records.synth import synth_table
 
@@ -34,12 +34,7 @@ def main() -> None:
         feedback_len=(1, 4),
         vocab=hf.config.vocab_size,
     )
-    trajs: dict = {}
-    for r in records_from_table(t):
-        trajs.setdefault(r.trajectory_id, []).append(
-            {"obs": r.obs_token_ids, "action": r.action_token_ids, "prefix_len": r.prefix_len}
-        )
-    trajs = list(trajs.values())
+    trajs = trajectories_from_records(records_from_table(t))
     ref = []
     with torch.no_grad():
         for steps in trajs:

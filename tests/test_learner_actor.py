@@ -2,13 +2,10 @@
 atomically, and resumes at another TP/PP layout with the identical next-step loss."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from spawn import spawn_ranks
 
 WORKER = Path(__file__).with_name("megatron_actor_worker.py")
 
@@ -17,31 +14,7 @@ WORKER = Path(__file__).with_name("megatron_actor_worker.py")
 def actor_results(tiny_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("actor")
     out = tmp / "results.json"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(WORKER),
-                str(r),
-                "2",
-                port,
-                str(tiny_model_dir),
-                str(tmp / "ckpt"),
-                str(out),
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    logs = [p.communicate(timeout=900)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(log[-4000:] for log in logs)
+    spawn_ranks(WORKER, 2, tiny_model_dir, tmp / "ckpt", out)
     assert (tmp / "ckpt" / "agent_r1_state.json").exists() and not (tmp / "ckpt.tmp").exists()
     return json.loads(out.read_text())
 

@@ -2,13 +2,10 @@
 recomputation with the HF model; the vocab-parallel logprob/entropy backward equals autograd."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from spawn import spawn_ranks
 
 WORKER = Path(__file__).with_name("megatron_policy_worker.py")
 
@@ -16,22 +13,7 @@ WORKER = Path(__file__).with_name("megatron_policy_worker.py")
 @pytest.fixture(scope="module")
 def policy_results(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("policy") / "results.json"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(r), "2", port, str(tiny_model_dir), str(out)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    spawn_ranks(WORKER, 2, tiny_model_dir, out, timeout=600)
     return json.loads(out.read_text())
 
 

@@ -2,14 +2,11 @@
 for Llama, Qwen2 and Qwen3 (4 gloo ranks, one thread each), and exports back bit-identically."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from spawn import spawn_ranks
 
 from agent_r1.models.tiny import build_tiny_model
 
@@ -46,12 +43,6 @@ def _perturbed(out: Path, arch: str, tied: bool) -> Path:
     return d
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def bridge_results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bridge")
@@ -61,29 +52,7 @@ def bridge_results(tmp_path_factory):
         _perturbed(tmp / "qwen3", "qwen3", tied=True),
     ]
     out = tmp / "results.json"
-    port, world = str(_port()), 4
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(WORKER),
-                str(r),
-                str(world),
-                port,
-                ",".join(map(str, models)),
-                "1x1,2x1,1x2,2x2",
-                str(out),
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(world)
-    ]
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    spawn_ranks(WORKER, 4, ",".join(map(str, models)), "1x1,2x1,1x2,2x2", out, timeout=600)
     return json.loads(out.read_text())
 
 

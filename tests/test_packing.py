@@ -1,7 +1,13 @@
 import torch
 from transformers import AutoModelForCausalLM
 
-from agent_r1.learner.packing import merge_chains, pack, per_step_rows, token_logprobs
+from agent_r1.learner.packing import (
+    merge_chains,
+    pack,
+    per_step_rows,
+    token_logprobs,
+    trajectories_from_records,
+)
 from agent_r1.records.schema import records_from_table
 from agent_r1.records.synth import synth_table
 
@@ -17,17 +23,7 @@ def _trajs(n=6, seed=0, max_steps=5, vocab=800):
         feedback_len=(1, 4),
         vocab=vocab,
     )
-    out: dict[str, list[dict]] = {}
-    for r in records_from_table(t):
-        out.setdefault(r.trajectory_id, []).append(
-            {
-                "obs": r.obs_token_ids,
-                "action": r.action_token_ids,
-                "prefix_len": r.prefix_len,
-                "mask": r.action_mask,
-            }
-        )
-    return list(out.values())
+    return trajectories_from_records(records_from_table(t))
 
 
 def test_merge_chains_and_counts():

@@ -374,8 +374,18 @@ def test_greedy_over_http_equals_transformers(cluster, tiny_model_dir, codec):
     version = http("GET", s0.url + "/get_weight_version")[1]["weight_version"]
     if version not in ("default", "6"):  # weights restored to the originals by the weight test
         pytest.skip(f"server weights changed by another test (version {version})")
-    prompt = codec.encode_chat([{"role": "user", "content": "Gus has 12 shells. Then Gus finds 5 more shells."}])
-    st, out = gen(s0.url, {"input_ids": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}})
+    prompt = codec.encode_chat(
+        [{"role": "user", "content": "Gus has 12 shells. Then Gus finds 5 more shells."}]
+    )
+    st, out = gen(
+        s0.url,
+        {
+            "input_ids": prompt,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True},
+        },
+    )
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    ref = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
+    ref = model.generate(
+        torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
     assert st == 200 and out["output_ids"] == ref[0, len(prompt) :].tolist()

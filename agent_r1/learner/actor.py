@@ -177,6 +177,21 @@ class Actor:
             forward_only=forward_only,
         )
 
+    def _update(self, micro: list[tuple[list[int], Packed]], loss_fn) -> dict[str, float]:
+        """Forward/backward over all micro-batches, one optimizer and LR step; grad norm and lr."""
+        self.model.train()
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        self._run(micro, loss_fn, forward_only=False)
+        ok, grad_norm, _ = self.optimizer.step()
+        if not ok:
+            raise FloatingPointError(
+                f"{type(self).__name__} optimizer step {self.steps} skipped (non-finite gradients)"
+            )
+        self.scheduler.step(increment=1)
+        self.steps += 1
+        return {"grad_norm": float(grad_norm or 0.0), "lr": float(self.optimizer.param_groups[0]["lr"])}
+
     # ---- API --------------------------------------------------------------------------------------------
     @torch.no_grad()
     def logprobs(self, trajectories: list[list[dict]]) -> list[list[float]] | None:
@@ -248,17 +263,7 @@ class Actor:
             # the schedule divides by the number of micro-batches; our loss is already a share of the total
             return loss * nmb, {}
 
-        self.model.train()
-        self.model.zero_grad_buffer()
-        self.optimizer.zero_grad()
-        self._run(micro, loss_fn, forward_only=False)
-        ok, grad_norm, _ = self.optimizer.step()
-        if not ok:
-            raise FloatingPointError(f"optimizer step {self.steps} skipped (non-finite gradients)")
-        self.scheduler.step(increment=1)
-        self.steps += 1
-        metrics["grad_norm"] = float(grad_norm or 0.0)
-        metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        metrics.update(self._update(micro, loss_fn))
         if not ps.is_pipeline_last_stage():
             return {"grad_norm": metrics["grad_norm"], "lr": metrics["lr"]}
         return metrics

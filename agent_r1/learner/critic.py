@@ -84,14 +84,5 @@ class Critic(Actor):
             metrics["value_loss"] += float(loss.detach())
             return loss * nmb, {}
 
-        self.model.train()
-        self.model.zero_grad_buffer()
-        self.optimizer.zero_grad()
-        self._run(micro, loss_fn, forward_only=False)
-        ok, grad_norm, _ = self.optimizer.step()
-        if not ok:
-            raise FloatingPointError(f"critic optimizer step {self.steps} skipped (non-finite gradients)")
-        self.scheduler.step(increment=1)
-        self.steps += 1
-        metrics["grad_norm"] = float(grad_norm or 0.0)
+        metrics.update(self._update(micro, loss_fn))
         return metrics

@@ -157,3 +157,23 @@ def pack_micro_batches(trajectories: list[list[dict]], max_tokens: int) -> list[
         else:
             bins.append((lengths[i], [i]))
     return [(sorted(m), pack([trajectories[i] for i in sorted(m)])) for _, m in bins]
+
+
+def trajectories_from_records(records: list) -> list[list[dict]]:
+    """StepRecords -> the learner's step dicts, grouped by trajectory (first appearance order),
+    steps in ``step_index`` order."""
+    out: dict[str, list] = {}
+    for r in records:
+        out.setdefault(r.trajectory_id, []).append(r)
+    return [
+        [
+            {
+                "obs": r.obs_token_ids,
+                "action": r.action_token_ids,
+                "prefix_len": r.prefix_len,
+                "mask": r.action_mask,
+            }
+            for r in sorted(steps, key=lambda r: r.step_index)
+        ]
+        for steps in out.values()
+    ]

@@ -38,18 +38,9 @@ def main() -> None:
     os.environ.setdefault("MASTER_PORT", str(29000 + os.getpid() % 1000))
     dist.init_process_group("gloo", rank=0, world_size=1)
 
-    from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-    from safetensors.torch import load_file
-    from transformers import AutoConfig
-
-    from agent_r1.learner.cpu_compat import apply
     from agent_r1.learner.packing import pack, pack_micro_batches, per_step_rows
     from agent_r1.learner.policy import packed_forward, packed_logprobs
     from agent_r1.models.tiny import build_tiny_model
-    from agent_r1.records.schema import records_from_table
-    from agent_r1.records.synth import synth_table
-    from megatron_bridge import BridgeConfig, build_gpt_model, load_hf_weights
 
     d = build_tiny_model(
         tempfile.mkdtemp() + "/m",
@@ -61,29 +52,7 @@ def main() -> None:
         heads=4,
         kv_heads=2,
     )
-    apply()
-    ps.initialize_model_parallel(1, 1)
-    model_parallel_cuda_manual_seed(0)
-    cfg = AutoConfig.from_pretrained(d)
-    model = build_gpt_model(cfg, BridgeConfig())
-    load_hf_weights(model, load_file(f"{d}/model.safetensors"), cfg)
-
-    t = synth_table(
-        a.trajectories,
-        group_size=4,
-        max_steps=a.steps,
-        seed=0,
-        prompt_len=(96, 160),
-        action_len=(24, 64),
-        feedback_len=(16, 48),
-        vocab=cfg.vocab_size,
-    )
-    trajs: dict = {}
-    for r in records_from_table(t):
-        trajs.setdefault(r.trajectory_id, []).append(
-            {"obs": r.obs_token_ids, "action": r.action_token_ids, "prefix_len": r.prefix_len}
-        )
-    trajs = list(trajs.values())
+    model, cfg, trajs = _setup(a, 1, str(d))
     steps = sum(len(x) for x in trajs)
     packed = pack(trajs)
     micro = pack_micro_batches(trajs, a.micro_tokens)
@@ -183,6 +152,7 @@ def _setup(a, tp: int, d: str):
     from transformers import AutoConfig
 
     from agent_r1.learner.cpu_compat import apply
+    from agent_r1.learner.packing import trajectories_from_records
     from agent_r1.records.schema import records_from_table
     from agent_r1.records.synth import synth_table
     from megatron_bridge import BridgeConfig, build_gpt_model, load_hf_weights
@@ -203,12 +173,7 @@ def _setup(a, tp: int, d: str):
         feedback_len=(16, 48),
         vocab=cfg.vocab_size,
     )
-    trajs: dict = {}
-    for r in records_from_table(t):
-        trajs.setdefault(r.trajectory_id, []).append(
-            {"obs": r.obs_token_ids, "action": r.action_token_ids, "prefix_len": r.prefix_len}
-        )
-    return model, cfg, list(trajs.values())
+    return model, cfg, trajectories_from_records(records_from_table(t))
 
 
 def tp2_worker(a) -> None:
