@@ -173,6 +173,34 @@ def _serve(a: argparse.Namespace) -> int:
     return 0
 
 
+def _train(a: argparse.Namespace) -> int:
+    from agent_r1.train.config import ConfigError, load_config, to_yaml
+
+    setup_logging("launcher")
+    try:
+        cfg = load_config(a.overrides)
+    except ConfigError as e:
+        print(f"agent-r1 train: {e}", file=sys.stderr)
+        return 2
+    if a.print_config:
+        print(to_yaml(cfg), end="")
+        return 0
+    if cfg.cluster.launcher != "local":
+        print(
+            "agent-r1 train runs locally; use `agent-r1 launch` for cluster.launcher=slurm", file=sys.stderr
+        )
+        return 2
+    from agent_r1.train.launcher import train_local
+
+    return train_local(cfg)
+
+
+def _role(a: argparse.Namespace) -> int:
+    from agent_r1.train.roles import run_role
+
+    return run_role(a.role, a.run_dir, a.index)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from recipes import RECIPES
 
@@ -222,6 +250,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--ready-file", help="write {url} here once listening (run_dir/control/servers/NAME.json)"
     )
     sv.set_defaults(fn=_serve)
+
+    tr = sub.add_parser(
+        "train",
+        help="RL training, all roles on this machine (Hydra overrides: +experiment=quickstart algorithm=steppo)",
+    )
+    tr.add_argument(
+        "overrides", nargs="*", help="Hydra overrides, e.g. +experiment=quickstart rollout.group_size=4"
+    )
+    tr.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    tr.set_defaults(fn=_train)
+
+    ro = sub.add_parser("role", help="run one role of a run (used by the launchers and Slurm jobs)")
+    ro.add_argument("role", choices=["learner", "server", "teacher", "worker"])
+    ro.add_argument("--run-dir", required=True)
+    ro.add_argument("--index", type=int, default=None, help="server/worker index (default: the task rank)")
+    ro.set_defaults(fn=_role)
 
     from agent_r1.records.cli import add_parser as add_records
 

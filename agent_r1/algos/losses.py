@@ -158,6 +158,11 @@ def reinforce(x: LossInputs, adv: torch.Tensor, cfg: LossConfig):
     return -adv * x.logprobs, {}
 
 
+def nll(x: LossInputs, adv: torch.Tensor, cfg: LossConfig):
+    """Supervised fine-tuning (warm start): -log pi of the demonstrated tokens."""
+    return -x.logprobs, {}
+
+
 def _ratio_metrics(ratio: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     if not mask.any():
         return {"ratio/mean": 1.0, "ratio/max": 1.0, "ratio/min": 1.0, "approx_kl": 0.0}
@@ -182,6 +187,7 @@ POLICY_LOSSES.register("pspo")(
 POLICY_LOSSES.register("reinforce")(PolicyLoss(reinforce))
 POLICY_LOSSES.register("grpo")(PolicyLoss(ppo_clip))
 POLICY_LOSSES.register("opd")(PolicyLoss(ppo_clip))
+POLICY_LOSSES.register("sft")(PolicyLoss(nll, agg="token-mean"))
 
 
 def loss_config(name: str, **overrides: Any) -> LossConfig:
@@ -228,12 +234,13 @@ def policy_loss(
         )
         loss = loss + cfg.kl_coef * kl
         metrics["loss/kl"] = float(kl.detach())
+    if x.entropy is not None:
+        metrics["entropy"] = _masked_mean(x.entropy.detach(), x.mask)
     if cfg.entropy_coef:
         if x.entropy is None:
             raise ValueError("loss.entropy_coef > 0 needs entropy")
         ent = aggregate(x.entropy, x.mask, x.seg, x.num_segments, agg, denom)
         loss = loss - cfg.entropy_coef * ent
-        metrics["entropy"] = float(ent.detach())
     metrics["loss/total"] = float(loss.detach())
     return loss, metrics
 

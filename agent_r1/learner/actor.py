@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from agent_r1.algos.losses import LossConfig, LossInputs, loss_config, policy_loss
+from agent_r1.algos.losses import POLICY_LOSSES, LossConfig, LossInputs, loss_config, policy_loss
 from agent_r1.learner.packing import Packed, pack_micro_batches
 from agent_r1.learner.policy import packed_forward, packed_logprobs
 
@@ -51,6 +51,9 @@ class StepBatchForLearner:
     old_logprobs: list[list[float]]  # per step, per action token
     advantages: list[float]  # per step
     ref_logprobs: list[list[float]] | None = None
+    rollout_logprobs: list[list[float]] | None = None  # as sampled (mismatch metric / TIS)
+    teacher_logprobs: list[list[float]] | None = None  # OPD
+    token_advantages: list[list[float]] | None = None  # token-level estimators (replaces ``advantages``)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -70,7 +73,6 @@ class Actor:
             finalize_model_grads,
         )
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
         from safetensors.torch import load_file
         from transformers import AutoConfig
@@ -128,7 +130,15 @@ class Actor:
             ),
             [self.model],
         )
-        self.scheduler = OptimizerParamScheduler(
+        self.scheduler = self.make_scheduler(optim)
+        self.steps = 0
+
+    def make_scheduler(self, optim: OptimConfig) -> Any:
+        """Warmup + cosine decay of ``optim``'s lr (also used to run a phase, e.g. the warm start,
+        at its own learning rate: assign the result to ``self.scheduler``)."""
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        return OptimizerParamScheduler(
             self.optimizer,
             init_lr=0.0 if optim.warmup_steps else optim.lr,
             max_lr=optim.lr,
@@ -141,7 +151,6 @@ class Actor:
             wd_incr_steps=1,
             wd_incr_style="constant",
         )
-        self.steps = 0
 
     # ---- helpers ------------------------------------------------------------------------------------
     @property
@@ -239,17 +248,30 @@ class Actor:
             )
             rows = _global_rows(members, batch.trajectories, starts)
             step_row = rows[mb.label_step]
-            old = torch.cat([torch.tensor(batch.old_logprobs[r], dtype=torch.float32) for r in rows.tolist()])
-            adv = torch.tensor(batch.advantages, dtype=torch.float32)[step_row]
-            ref = None
-            if batch.ref_logprobs is not None:
-                ref = torch.cat(
-                    [torch.tensor(batch.ref_logprobs[r], dtype=torch.float32) for r in rows.tolist()]
-                )
+
+            def per_token(lists):
+                if lists is None:
+                    return None
+                return torch.cat([torch.tensor(lists[r], dtype=torch.float32) for r in rows.tolist()])
+
+            old = per_token(batch.old_logprobs)
+            if batch.token_advantages is not None:
+                adv = per_token(batch.token_advantages)
+            else:
+                adv = torch.tensor(batch.advantages, dtype=torch.float32)[step_row]
             x = LossInputs(
-                lp, old, adv, mb.label_mask, mb.label_step, mb.num_steps, ref_logprobs=ref, entropy=ent
+                lp,
+                old,
+                adv,
+                mb.label_mask,
+                mb.label_step,
+                mb.num_steps,
+                ref_logprobs=per_token(batch.ref_logprobs),
+                rollout_logprobs=per_token(batch.rollout_logprobs),
+                entropy=ent,
+                teacher_logprobs=per_token(batch.teacher_logprobs),
             )
-            agg = cfg.agg if loss_name not in ("steppo", "pspo") else "seq-mean-token-mean"
+            agg = POLICY_LOSSES.get(loss_name).agg or cfg.agg
             denom = float(n_tokens) if agg == "token-mean" else float(n_steps)
             loss, m = policy_loss(loss_name, x, cfg, denom=denom)
             if not torch.isfinite(loss):

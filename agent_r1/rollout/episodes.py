@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tqdm import tqdm
 
@@ -23,6 +23,7 @@ async def run_episodes(
     id_prefix: str = "it0",
     max_concurrency: int = 64,
     progress: bool = True,
+    on_episode: Callable[[int], None] | None = None,
 ) -> list[Trajectory]:
     """One trajectory per (row, sample); ``group_id`` = the row, shared by its ``group_size`` samples."""
     if group_size < 1:
@@ -38,6 +39,8 @@ async def run_episodes(
             flow = AGENTS.get(row.agent_name).build(gen, codec, config)
             traj = await flow.run(row, tid, f"{id_prefix}-p{i}")
             bar.update(1)
+            if on_episode is not None:
+                on_episode(bar.n)
             return traj
 
     try:

@@ -1,0 +1,391 @@
+"""The training config: a Hydra composition of ``configs/`` checked against typed slices.
+
+Each slice is a dataclass that validates itself (``__post_init__``); ``load_config`` composes the
+YAML groups and command-line overrides, merges them onto the typed schema (an unknown key fails
+there, naming it) and builds the objects (a bad value fails there, naming the slice). Nothing
+starts before the whole config is valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from agent_r1.algos.advantages import AdvantageConfig
+from agent_r1.algos.losses import LossConfig
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+
+class ConfigError(ValueError):
+    """A config key or value is wrong; the message names it."""
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"{key}: {msg}")
+
+
+@dataclass
+class TinyModelConfig:
+    """How to build the model when ``model.path`` does not exist yet (quickstart)."""
+
+    recipe: str = "arithmetic_tool"  # whose text trains the tokenizer
+    arch: str = "qwen3"
+    vocab_size: int = 1024
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    seed: int = 0
+
+
+@dataclass
+class ModelConfig:
+    path: str = "artifacts/tiny-qwen3"  # HF folder (config.json, safetensors, tokenizer)
+    build: TinyModelConfig | None = None  # build a tiny random model at ``path`` when missing
+    dtype: str = "float32"
+    precision: str = "default"  # default | fp8 (Transformer Engine, GPU)
+    fp8_recipe: str = "delayed"
+    max_len: int = 2048  # rollout server context length
+
+    def __post_init__(self) -> None:
+        _check(
+            self.dtype in ("float32", "bfloat16"), "model.dtype", f"float32 or bfloat16, got {self.dtype!r}"
+        )
+        _check(
+            self.precision in ("default", "fp8"), "model.precision", f"default or fp8, got {self.precision!r}"
+        )
+        _check(self.max_len >= 16, "model.max_len", f"must be >= 16, got {self.max_len}")
+
+
+@dataclass
+class ParallelConfig:
+    learner_ranks: int = 1  # = tp * pp * dp
+    tp: int = 1
+    pp: int = 1
+    backend: str = "gloo"  # gloo (CPU) | nccl (GPU)
+
+    def __post_init__(self) -> None:
+        _check(self.tp >= 1 and self.pp >= 1, "parallel.tp/pp", f"must be >= 1, got {self.tp}, {self.pp}")
+        _check(
+            self.learner_ranks >= 1 and self.learner_ranks % (self.tp * self.pp) == 0,
+            "parallel.learner_ranks",
+            f"must be a multiple of tp*pp = {self.tp * self.pp}, got {self.learner_ranks}",
+        )
+        _check(self.backend in ("gloo", "nccl"), "parallel.backend", f"gloo or nccl, got {self.backend!r}")
+
+    @property
+    def dp(self) -> int:
+        return self.learner_ranks // (self.tp * self.pp)
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "grpo"  # what the run is called in summaries
+    advantage: str = "grpo"  # estimator (agent_r1.algos.advantages.ADVANTAGES)
+    loss: str = "ppo"  # policy loss (agent_r1.algos.losses.POLICY_LOSSES)
+    estimator: AdvantageConfig = field(default_factory=AdvantageConfig)
+    policy: LossConfig = field(default_factory=LossConfig)
+    process_coef: float = 1.0  # weight of process rewards next to the outcome reward
+    epochs: int = 1  # passes over each iteration's records
+    mini_batches: int = 1  # optimizer steps per epoch
+    critic: bool = False  # train a value model (step GAE / token GAE)
+    critic_lr: float = 1e-4
+    reference: bool = False  # keep a frozen reference policy (needed when policy.kl_coef > 0)
+    teacher: str | None = None  # OPD: HF folder of the teacher, served by its own rollout server
+
+    def __post_init__(self) -> None:
+        from agent_r1.algos.advantages import ADVANTAGES
+        from agent_r1.algos.losses import POLICY_LOSSES
+
+        _check(
+            self.advantage in ADVANTAGES,
+            "algorithm.advantage",
+            f"one of {sorted(ADVANTAGES)}, got {self.advantage!r}",
+        )
+        _check(
+            self.loss in POLICY_LOSSES, "algorithm.loss", f"one of {sorted(POLICY_LOSSES)}, got {self.loss!r}"
+        )
+        _check(self.epochs >= 1 and self.mini_batches >= 1, "algorithm.epochs/mini_batches", "must be >= 1")
+        needs = ADVANTAGES.get(self.advantage).needs
+        _check(
+            not ({"value", "token_values"} & set(needs)) or self.critic,
+            "algorithm.critic",
+            f"estimator {self.advantage!r} needs a critic (set algorithm.critic=true)",
+        )
+        _check(
+            ("teacher_logprobs" not in needs and self.loss != "opd") or bool(self.teacher),
+            "algorithm.teacher",
+            f"{self.advantage!r}/{self.loss!r} needs a teacher model (algorithm.teacher=PATH)",
+        )
+        _check(
+            self.policy.kl_coef == 0 or self.reference,
+            "algorithm.reference",
+            "policy.kl_coef > 0 needs the frozen reference (algorithm.reference=true)",
+        )
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "embedded"  # embedded (agent-r1 serve) | sglang | external (urls)
+    servers: int = 1  # rollout servers started by the launcher
+    workers: int = 1  # rollout worker processes (agent flows, environments, tools)
+    urls: list[str] = field(default_factory=list)  # engine=external: running servers
+    router: bool = False  # put the real sglang-router in front of the servers
+    group_size: int = 8  # samples per prompt (n)
+    prompts_per_iteration: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_steps: int = 4
+    max_obs_tokens: int = 1024
+    max_action_tokens: int = 64
+    max_concurrency: int = 64  # episodes in flight per worker
+    mode: str = "sync"  # sync | async (generate v+1 while training v)
+    max_staleness: int = 1  # async: policy versions a record may lag behind the learner
+    weight_sync: str = "distributed"  # distributed (bucketed broadcast) | disk (safetensors)
+    bucket_mb: int = 256
+    request_timeout_s: float = 300.0
+    ready_timeout_s: float = 300.0
+    server_cpus: int = 1  # torch threads per embedded server
+
+    def __post_init__(self) -> None:
+        _check(
+            self.engine in ("embedded", "sglang", "external"),
+            "rollout.engine",
+            f"embedded, sglang or external, got {self.engine!r}",
+        )
+        _check(
+            self.engine != "external" or bool(self.urls), "rollout.urls", "engine=external needs server urls"
+        )
+        _check(self.servers >= 1 and self.workers >= 1, "rollout.servers/workers", "must be >= 1")
+        _check(self.group_size >= 1, "rollout.group_size", f"must be >= 1, got {self.group_size}")
+        _check(self.prompts_per_iteration >= 1, "rollout.prompts_per_iteration", "must be >= 1")
+        _check(self.temperature >= 0, "rollout.temperature", f"must be >= 0, got {self.temperature}")
+        _check(0 < self.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {self.top_p}")
+        _check(self.mode in ("sync", "async"), "rollout.mode", f"sync or async, got {self.mode!r}")
+        _check(self.max_staleness >= 0, "rollout.max_staleness", "must be >= 0")
+        _check(
+            self.weight_sync in ("distributed", "disk"),
+            "rollout.weight_sync",
+            f"distributed or disk, got {self.weight_sync!r}",
+        )
+        for k in ("max_steps", "max_obs_tokens", "max_action_tokens", "max_concurrency", "bucket_mb"):
+            _check(getattr(self, k) >= 1, f"rollout.{k}", f"must be >= 1, got {getattr(self, k)}")
+
+
+@dataclass
+class RecipeConfig:
+    name: str = "arithmetic_tool"
+    train_size: int = 512
+    test_size: int = 64
+    seed: int = 0
+    options: dict[str, Any] = field(default_factory=dict)  # extra build_rows arguments (e.g. difficulty)
+
+    def __post_init__(self) -> None:
+        from recipes import RECIPES
+
+        _check(self.name in RECIPES, "recipe.name", f"one of {list(RECIPES)}, got {self.name!r}")
+        _check(self.train_size >= 1 and self.test_size >= 1, "recipe.train_size/test_size", "must be >= 1")
+
+
+@dataclass
+class OptimSlice:
+    lr: float = 1e-5
+    min_lr: float = 0.0
+    warmup_steps: int = 0
+    decay_steps: int = 1000
+    weight_decay: float = 0.0
+    clip_grad: float = 1.0
+    micro_tokens: int = 4096
+
+    def build(self):
+        from agent_r1.learner.actor import OptimConfig
+
+        return OptimConfig(**dataclasses.asdict(self))
+
+    def __post_init__(self) -> None:
+        _check(
+            self.lr > 0 and 0 <= self.min_lr <= self.lr,
+            "optim.lr/min_lr",
+            f"need lr > 0 and 0 <= min_lr <= lr, got {self.lr}, {self.min_lr}",
+        )
+        _check(self.micro_tokens >= 1, "optim.micro_tokens", "must be >= 1")
+
+
+@dataclass
+class SFTConfig:
+    """Warm start: supervised steps on the recipe's demonstration trajectories before RL."""
+
+    steps: int = 0  # 0 = no warm start
+    demos: int = 512
+    batch_trajectories: int = 16
+    lr: float = 1e-3
+    min_lr: float | None = None  # cosine decay to this over the steps (None: constant after warmup)
+    warmup_steps: int = 20
+    seed: int = 0
+    options: dict[str, Any] = field(default_factory=dict)  # recipe.demonstrations arguments
+
+    def __post_init__(self) -> None:
+        _check(
+            self.steps >= 0 and self.demos >= 1 and self.batch_trajectories >= 1,
+            "sft",
+            "steps >= 0, demos and batch_trajectories >= 1",
+        )
+        _check(self.lr > 0, "sft.lr", f"must be > 0, got {self.lr}")
+
+
+@dataclass
+class ClusterConfig:
+    """Where roles run. ``local`` = processes on this machine; ``slurm`` = an sbatch het job."""
+
+    launcher: str = "local"  # local | slurm
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str = "04:00:00"
+    learner_nodes: int = 1
+    rollout_nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 2
+    mem: str | None = None
+    colocated: bool = False  # one component for all roles
+    container_image: str | None = None  # enroot/pyxis image (--container-image)
+    container_mounts: list[str] = field(default_factory=list)
+    apptainer_image: str | None = None
+    setup: list[str] = field(default_factory=list)  # shell lines before srun (module load, venv)
+    network_interface: str | None = None  # NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME
+    requeue: bool = True
+    signal_seconds: int = 300  # warning signal before the time limit (checkpoint and exit)
+    extra_sbatch: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _check(
+            self.launcher in ("local", "slurm"), "cluster.launcher", f"local or slurm, got {self.launcher!r}"
+        )
+        _check(
+            self.learner_nodes >= 1 and self.rollout_nodes >= 0,
+            "cluster.learner_nodes/rollout_nodes",
+            "learner_nodes >= 1, rollout_nodes >= 0",
+        )
+        _check(
+            self.gpus_per_node >= 0 and self.cpus_per_task >= 1,
+            "cluster.gpus_per_node/cpus_per_task",
+            "must be >= 0 / >= 1",
+        )
+        _check(
+            not (self.container_image and self.apptainer_image),
+            "cluster.container_image",
+            "choose enroot/pyxis or apptainer, not both",
+        )
+
+
+@dataclass
+class TrainerConfig:
+    iterations: int = 10
+    seed: int = 0
+    run_dir: str | None = None  # default runs/<name>
+    name: str = "run"
+    resume: str = "auto"  # auto | never | PATH of a checkpoint
+    eval_every: int = 5  # iterations (0 = only at start and end)
+    eval_temperature: float = 0.0  # greedy
+    checkpoint_every: int = 5
+    keep_checkpoints: int = 2
+    sample_trajectories: int = 2  # logged to TensorBoard as text per iteration
+    progress: bool = True
+    timeout_s: float = 1800.0  # waiting on another role
+    plot: bool = True  # PNG curve at the end
+
+    def __post_init__(self) -> None:
+        _check(self.iterations >= 0, "trainer.iterations", "must be >= 0")
+        _check(
+            self.eval_every >= 0 and self.checkpoint_every >= 0,
+            "trainer.eval_every/checkpoint_every",
+            "must be >= 0",
+        )
+        _check(
+            self.resume in ("auto", "never") or Path(self.resume).exists(),
+            "trainer.resume",
+            f"auto, never or an existing checkpoint path, got {self.resume!r}",
+        )
+        _check(self.keep_checkpoints >= 1, "trainer.keep_checkpoints", "must be >= 1")
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    optim: OptimSlice = field(default_factory=OptimSlice)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def __post_init__(self) -> None:
+        _check(
+            self.cluster.launcher == "slurm" or self.parallel.backend == "gloo",
+            "parallel.backend",
+            "the local launcher runs on CPU: use gloo",
+        )
+
+
+def _compose(overrides: list[str], config_name: str = "train") -> Any:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(str(CONFIG_DIR), version_base=None):
+            return compose(config_name=config_name, overrides=list(overrides))
+    except HydraException as e:
+        raise ConfigError(f"config: {e}") from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def validate(raw: Any) -> TrainConfig:
+    """Typed, validated config from a composed one; unknown keys and bad values name the key."""
+    try:
+        plain = OmegaConf.to_container(raw, resolve=True) if OmegaConf.is_config(raw) else raw
+        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), plain)  # unknown keys fail here
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        first = str(e).splitlines()[0]
+        raise ConfigError(f"config key {key!r}: {first}" if key else f"config: {first}") from None
+    except ValueError as e:
+        raise ConfigError(f"config {e}") from None
+
+
+def load_config(overrides: list[str] | tuple[str, ...] = (), config_name: str = "train") -> TrainConfig:
+    return validate(_compose(list(overrides), config_name))
+
+
+def from_yaml(path: str | Path) -> TrainConfig:
+    return validate(OmegaConf.load(str(path)))
+
+
+def to_yaml(cfg: TrainConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def bridge_config(cfg: TrainConfig):
+    from megatron_bridge import BridgeConfig
+
+    return BridgeConfig(
+        tp=cfg.parallel.tp,
+        pp=cfg.parallel.pp,
+        dtype=cfg.model.dtype,
+        precision=cfg.model.precision,
+        fp8_recipe=cfg.model.fp8_recipe,
+    )

@@ -1,0 +1,303 @@
+"""The coordinator (learner rank 0): data cursor, rollout tasks, weight pushes, the ledger.
+
+Everything it tells other roles goes through the run directory (tasks, acknowledgements, server
+addresses) or over HTTP to the rollout servers, so the same code drives local processes and
+Slurm job steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from agent_r1.train.config import TrainConfig
+from agent_r1.train.run_dir import RunDir, read_json
+from agent_r1.train.tasks import RoleTimeout, RolloutTask, forget_tasks_after, task_name, write_task
+
+log = logging.getLogger("agent_r1.coordinator")
+
+
+def prompt_indices(num_rows: int, per_iteration: int, seed: int, iteration: int) -> list[int]:
+    """The data cursor: iteration ``i`` takes the next ``per_iteration`` prompts of a seeded
+    permutation per epoch. A pure function of the iteration, so a resumed run continues exactly."""
+    out: list[int] = []
+    start = iteration * per_iteration
+    while len(out) < per_iteration:
+        epoch, offset = divmod(start + len(out), num_rows)
+        perm = list(range(num_rows))
+        random.Random(seed * 1_000_003 + epoch).shuffle(perm)
+        out.extend(perm[offset : offset + per_iteration - len(out)])
+    return out
+
+
+def checkpoint_path(rd: RunDir, iteration: int) -> Path:
+    return rd.checkpoints / f"iter_{iteration:06d}"
+
+
+def find_checkpoint(rd: RunDir, resume: str) -> Path | None:
+    """The newest complete checkpoint (``resume=auto``), an explicit one, or none (``never``)."""
+    if resume == "never":
+        return None
+    if resume != "auto":
+        return Path(resume)
+    done = [
+        p
+        for p in rd.checkpoints.glob("iter_*")
+        if p.is_dir() and p.name[5:].isdigit() and (p / "agent_r1_state.json").exists()
+    ]
+    return max(done, key=lambda p: int(p.name[5:]), default=None)
+
+
+def servers_in(directory: Path) -> list[str]:
+    return [read_json(p)["url"] for p in sorted(directory.glob("*.json"))]
+
+
+class Coordinator:
+    def __init__(self, cfg: TrainConfig, rd: RunDir, alive: Any = None):
+        self.cfg, self.rd, self.alive = cfg, rd, alive
+        self.loop = asyncio.new_event_loop()
+        self.group = None  # WeightUpdateGroup
+        self.group_servers: list[str] = []
+
+    # ---- rollout tasks ---------------------------------------------------------------------------
+    def task(self, kind: str, iteration: int, version: int) -> RolloutTask:
+        cfg, rc = self.cfg, self.cfg.rollout
+        if kind == "train":
+            rows = prompt_indices(
+                cfg.recipe.train_size, rc.prompts_per_iteration, cfg.trainer.seed, iteration
+            )
+            return RolloutTask(
+                task_name(kind, iteration),
+                kind,
+                iteration,
+                "train",
+                rows,
+                rc.group_size,
+                rc.temperature,
+                rc.top_p,
+                cfg.trainer.seed * 7919 + iteration,
+                version,
+                rc.workers,
+                teacher=bool(cfg.algorithm.teacher),
+            )
+        return RolloutTask(
+            task_name(kind, iteration),
+            kind,
+            iteration,
+            "test",
+            list(range(cfg.recipe.test_size)),
+            1,
+            cfg.trainer.eval_temperature,
+            1.0,
+            cfg.trainer.seed,
+            version,
+            rc.workers,
+        )
+
+    def finalized(self, task: RolloutTask) -> bool:
+        return (self.rd.root / task.records_subdir / f"iter_{task.iteration:06d}" / "manifest.json").exists()
+
+    def issue(self, task: RolloutTask) -> None:
+        if not self.finalized(task) and not (self.rd.tasks / f"{task.name}.json").exists():
+            write_task(self.rd, task)
+
+    def collect(self, task: RolloutTask) -> dict[str, Any]:
+        """Wait for every worker's shard (with a progress bar), finalize the iteration, pool metrics."""
+        from agent_r1.records.shard import finalize_iteration
+
+        out_dir = self.rd.root / task.records_subdir
+        if self.finalized(task):
+            acks = [p for p in sorted(self.rd.tasks.glob(f"{task.name}.w*.done"))]
+            metrics = [read_json(p) for p in acks] or [{"reused": True}]
+        else:
+            metrics = self._wait(task)
+            finalize_iteration(out_dir, task.iteration, expected_writers=task.workers)
+        pooled: dict[str, Any] = {"reused": all(m.get("reused") for m in metrics)}
+        for m in metrics:
+            for k, v in m.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    pooled[k] = pooled.get(k, 0.0) + v
+        pooled["per_row_success"] = [x for m in metrics for x in m.get("per_row_success", [])]
+        return pooled
+
+    def _wait(self, task: RolloutTask) -> list[dict[str, Any]]:
+        total = len(task.rows) * task.group_size
+        bar = tqdm(
+            total=total,
+            desc=f"rollout {task.name}",
+            unit="ep",
+            leave=False,
+            disable=not self.cfg.trainer.progress,
+        )
+        deadline = time.time() + self.cfg.trainer.timeout_s
+        paths = [self.rd.tasks / f"{task.name}.w{k}.done" for k in range(task.workers)]
+        try:
+            while True:
+                missing = [k for k, p in enumerate(paths) if not p.exists()]
+                if not missing:
+                    return [read_json(p) for p in paths]
+                done = 0
+                for k in range(task.workers):
+                    prog = self.rd.tasks / f"{task.name}.w{k}.progress"
+                    if paths[k].exists():
+                        done += len(task.share(k)) * task.group_size
+                    elif prog.exists():
+                        try:
+                            done += int(prog.read_text() or 0)
+                        except ValueError:
+                            pass
+                bar.update(done - bar.n)
+                if self.alive is not None:
+                    self.alive()
+                if time.time() > deadline:
+                    raise RoleTimeout(
+                        f"rollout task {task.name}: workers {missing} did not finish within "
+                        f"{self.cfg.trainer.timeout_s:.0f} s (see {self.rd.logs}/worker_*.log)"
+                    )
+                time.sleep(0.05)
+        finally:
+            bar.close()
+
+    def prepare_resume(self, iteration: int) -> None:
+        """Forget what the dead run issued beyond ``iteration`` (committed shards are kept and
+        reused) and drop ledger lines of updates the checkpoint does not contain."""
+        forget_tasks_after(self.rd, iteration)
+        for d in self.rd.eval_records.glob("iter_*"):  # derived data: evaluate again
+            if d.name[5:].isdigit() and int(d.name[5:]) > iteration + 1:
+                shutil.rmtree(d, ignore_errors=True)
+        if self.rd.ledger.exists():
+            keep = [
+                line
+                for line in self.rd.ledger.read_text().splitlines()
+                if line.strip() and json.loads(line)["iteration"] <= iteration
+            ]
+            self.rd.ledger.write_text("".join(line + "\n" for line in keep))
+
+    def record_consumed(self, iteration: int, version: int) -> None:
+        from agent_r1.records.reader import RecordStore
+
+        manifest = RecordStore(self.rd.records).manifest(iteration)
+        entry = {
+            "iteration": iteration,
+            "version": version,
+            "rows": manifest["rows"],
+            "trajectories": manifest["num_trajectories"],
+            "shards": {k: v["checksum"] for k, v in sorted(manifest["shards"].items())},
+        }
+        with self.rd.ledger.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    # ---- weights ---------------------------------------------------------------------------------
+    def live_servers(self) -> list[str]:
+        """Published servers that answer /health (a dead one's file is ignored)."""
+        from agent_r1.rollout.client import RolloutClient, discover_servers
+
+        urls = discover_servers(self.rd.root)
+        if not urls:
+            return []
+        probe = RolloutClient(servers=urls, timeout_s=10.0, max_retries=0)
+
+        async def check():
+            try:
+                return await asyncio.gather(*(probe.get(u, "/health") for u in urls), return_exceptions=True)
+            finally:
+                await probe.close()
+
+        answers = self.loop.run_until_complete(check())
+        return [u for u, a in zip(urls, answers, strict=True) if not isinstance(a, BaseException)]
+
+    def push(self, named: dict[str, Any], version: int) -> float:
+        """Send the policy to every live server; a failed push is retried once with the servers
+        that are still alive (a dead server drops out, a replaced one joins)."""
+        from agent_r1.rollout.weight_sync import WeightSyncError
+
+        t0 = time.perf_counter()
+        for attempt in range(2):
+            servers = self._wait_servers()
+            try:
+                if self.cfg.rollout.weight_sync == "disk":
+                    from agent_r1.rollout.weight_sync import push_weights_from_disk
+
+                    self.loop.run_until_complete(
+                        push_weights_from_disk(
+                            servers, named.items(), self.rd.weights / f"v{version:06d}", version
+                        )
+                    )
+                    self._prune_weights(version)
+                else:
+                    self._ensure_group(servers)
+                    self.loop.run_until_complete(
+                        self.group.push(named.items(), version, self.cfg.rollout.bucket_mb << 20)
+                    )
+                return time.perf_counter() - t0
+            except (WeightSyncError, RuntimeError, OSError) as e:
+                log.warning("weight push v%d failed (%s); retrying with the live servers", version, e)
+                self._drop_group()
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _wait_servers(self) -> list[str]:
+        deadline = time.time() + self.cfg.rollout.ready_timeout_s
+        while True:
+            servers = self.live_servers()
+            if servers:
+                return servers
+            if self.alive is not None:
+                self.alive()
+            if time.time() > deadline:
+                raise RoleTimeout(
+                    f"no rollout server answered within {self.cfg.rollout.ready_timeout_s:.0f} s"
+                )
+            time.sleep(0.2)
+
+    def _ensure_group(self, servers: list[str]) -> None:
+        from agent_r1.rollout.weight_sync import WeightUpdateGroup
+
+        if self.group is not None and sorted(servers) == sorted(self.group_servers):
+            return
+        self._drop_group()
+        host = servers[0].split("//")[1].rsplit(":", 1)[0]
+        self.group = WeightUpdateGroup(servers, master_address=_local_address(host))
+        self.loop.run_until_complete(self.group.init(timeout_s=self.cfg.rollout.ready_timeout_s))
+        self.group_servers = list(servers)
+        log.info("weight update group with %d server(s)", len(servers))
+
+    def _drop_group(self) -> None:
+        if self.group is not None:
+            try:
+                self.loop.run_until_complete(asyncio.wait_for(self.group.close(), 30))
+            except Exception as e:  # noqa: BLE001 - a dead member cannot leave cleanly
+                log.debug("closing the weight update group: %s", e)
+        self.group, self.group_servers = None, []
+
+    def _prune_weights(self, version: int) -> None:
+        for p in self.rd.weights.glob("v*"):
+            if p.name[1:].isdigit() and int(p.name[1:]) < version - 1:
+                shutil.rmtree(p, ignore_errors=True)
+
+    def close(self) -> None:
+        self._drop_group()
+        self.loop.close()
+
+
+def _local_address(server_host: str) -> str:
+    """The address of this machine that a server at ``server_host`` can reach (loopback locally)."""
+    import socket
+
+    if server_host in ("127.0.0.1", "localhost"):
+        return "127.0.0.1"
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect((server_host, 9))
+        return s.getsockname()[0]
+    finally:
+        s.close()

@@ -1,0 +1,255 @@
+"""The local launcher: every role as a local process, supervised.
+
+``agent-r1 train`` resolves the config, prepares the run directory, starts the rollout servers
+(``agent-r1 serve``: the embedded engine behind SGLang's API), the rollout workers and the learner
+ranks (torch.distributed over gloo), each logging to ``run_dir/logs/``. A dead server or worker is
+restarted (the coordinator re-syncs a replaced server's weights; a worker's task is idempotent); a
+dead learner ends the run with its log's tail.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent_r1.train.config import TrainConfig, to_yaml
+from agent_r1.train.roles import role_command
+from agent_r1.train.run_dir import RunDir, atomic_write_json
+
+log = logging.getLogger("agent_r1.launcher")
+
+
+def default_run_dir(cfg: TrainConfig) -> Path:
+    return Path(cfg.trainer.run_dir or Path("runs") / cfg.trainer.name)
+
+
+def prepare_run(cfg: TrainConfig) -> RunDir:
+    """Create the run directory, write the resolved config, build a tiny model if asked to."""
+    rd = RunDir.at(default_run_dir(cfg)).create()
+    if cfg.trainer.resume == "never" and (rd.records / "iter_000000").exists():
+        raise SystemExit(
+            f"{rd.root} already has records and trainer.resume=never: choose another trainer.run_dir"
+        )
+    rd.config.write_text(to_yaml(cfg))
+    rd.stop_flag.unlink(missing_ok=True)
+    ensure_model(cfg)
+    return rd
+
+
+def ensure_model(cfg: TrainConfig) -> None:
+    path = Path(cfg.model.path)
+    if (path / "config.json").exists():
+        return
+    if cfg.model.build is None:
+        raise SystemExit(f"model.path {path} has no config.json (and model.build is not set)")
+    from agent_r1.models.tiny import build_tiny_model
+    from agent_r1.tools import TOOLS
+    from recipes import load_recipe
+
+    b = cfg.model.build
+    log.info("building tiny model at %s", path)
+    build_tiny_model(
+        path,
+        load_recipe(b.recipe).corpus(),
+        [TOOLS.get("calculator")().schema],
+        b.arch,
+        b.vocab_size,
+        b.hidden,
+        b.layers,
+        b.heads,
+        b.kv_heads,
+        seed=b.seed,
+    )
+
+
+@dataclass
+class Proc:
+    name: str
+    cmd: list[str]
+    env: dict[str, str]
+    log_path: Path
+    restartable: bool
+    console: bool = False
+    popen: subprocess.Popen | None = None
+    restarts: int = 0
+    log_file: Any = field(default=None, repr=False)
+
+    def start(self) -> None:
+        if self.console:  # rank 0 shows the progress bars and the per-iteration line
+            self.popen = subprocess.Popen(self.cmd, env=self.env, start_new_session=False)
+        else:
+            self.log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+            self.popen = subprocess.Popen(
+                self.cmd,
+                env=self.env,
+                stdout=self.log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=False,
+            )
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.send_signal(sig)
+
+    def wait(self, timeout: float) -> None:
+        if self.popen is None:
+            return
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+        if self.log_file is not None:
+            self.log_file.close()
+
+
+def tail(path: Path, n: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+class LocalLauncher:
+    def __init__(self, cfg: TrainConfig, rd: RunDir, threads_per_learner: int = 1):
+        self.cfg, self.rd = cfg, rd
+        self.procs: list[Proc] = []
+        self.launch = uuid.uuid4().hex[:12]
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMIX_"))}
+        base.update(AGENT_R1_LAUNCH_ID=self.launch, AGENT_R1_HOST="127.0.0.1", PYTHONUNBUFFERED="1")
+        self.base_env = base
+        self.threads = threads_per_learner
+
+    def add(self, name: str, role: str, index: int | None, restartable: bool, extra_env=None, console=False):
+        env = dict(self.base_env, **(extra_env or {}))
+        cmd = role_command(role, self.rd.root, index)
+        self.procs.append(Proc(name, cmd, env, self.rd.logs / f"{name}.out", restartable, console))
+
+    def start(self) -> None:
+        cfg = self.cfg
+        atomic_write_json(
+            self.rd.control / "launch.json",
+            {"launch_id": self.launch, "time": time.time(), "launcher": "local"},
+        )
+        for stale in list(self.rd.servers.glob("*.json")) + list(self.rd.teachers.glob("*.json")):
+            stale.unlink()  # addresses of a previous launch
+        if cfg.rollout.engine == "embedded":
+            for i in range(cfg.rollout.servers):
+                self.add(f"server_{i}", "server", i, restartable=True)
+        elif cfg.rollout.engine == "external":
+            for i, url in enumerate(cfg.rollout.urls):
+                atomic_write_json(self.rd.servers / f"external_{i}.json", {"url": url})
+        else:
+            raise SystemExit(
+                "rollout.engine=sglang needs GPU nodes: use `agent-r1 launch` on a Slurm cluster"
+            )
+        if cfg.algorithm.teacher:
+            self.add("teacher_0", "teacher", 0, restartable=True)
+        for i in range(cfg.rollout.workers):
+            self.add(f"worker_{i}", "worker", i, restartable=True)
+        world = cfg.parallel.learner_ranks
+        for r in range(world):
+            env = {
+                "AGENT_R1_RANK": str(r),
+                "AGENT_R1_WORLD": str(world),
+                "AGENT_R1_LOCAL_RANK": str(r),
+                "AGENT_R1_THREADS": str(self.threads),
+            }
+            self.add(f"learner_{r}", "learner", None, restartable=False, extra_env=env, console=r == 0)
+        for p in self.procs:
+            p.start()
+        log.info("started %s (logs in %s)", ", ".join(p.name for p in self.procs), self.rd.logs)
+
+    def supervise(self, poll_s: float = 0.5) -> int:
+        """Until learner rank 0 exits: restart dead servers/workers, fail on a dead learner."""
+        learners = [p for p in self.procs if p.name.startswith("learner_")]
+        while True:
+            rc0 = learners[0].popen.poll()
+            if rc0 is not None:
+                others = [p.popen.wait() for p in learners[1:]]
+                bad = [(p, rc) for p, rc in zip(learners[1:], others, strict=True) if rc not in (0, 3)]
+                if rc0 not in (0, 3) or bad:
+                    culprit = learners[0] if rc0 not in (0, 3) else bad[0][0]
+                    sys.stderr.write(
+                        f"\n{culprit.name} failed; last lines of {self.rd.logs / (culprit.name + '.log')}:\n"
+                    )
+                    sys.stderr.write(tail(self.rd.logs / f"{culprit.name}.log") + "\n")
+                    return rc0 or bad[0][1]
+                return rc0
+            for p in learners[1:]:
+                rc = p.popen.poll()
+                if rc not in (None, 0, 3):
+                    sys.stderr.write(
+                        f"\n{p.name} exited with {rc}; last lines of its log:\n{tail(self.rd.logs / (p.name + '.log'))}\n"
+                    )
+                    return rc
+            for p in self.procs:
+                if p.restartable and p.popen.poll() is not None and not self.rd.stopping:
+                    p.restarts += 1
+                    if p.restarts > 5:
+                        sys.stderr.write(
+                            f"\n{p.name} died {p.restarts} times; last lines:\n{tail(p.log_path)}\n"
+                        )
+                        return 1
+                    log.warning(
+                        "%s exited with %s; restarting it (%d)", p.name, p.popen.returncode, p.restarts
+                    )
+                    (self.rd.servers / f"{p.name}.json").unlink(missing_ok=True)
+                    (self.rd.teachers / f"{p.name}.json").unlink(missing_ok=True)
+                    p.start()
+            time.sleep(poll_s)
+
+    def shutdown(self) -> None:
+        self.rd.request_stop()
+        for p in self.procs:
+            p.stop()
+        for p in self.procs:
+            p.wait(20)
+
+
+def train_local(cfg: TrainConfig) -> int:
+    """``agent-r1 train``: the whole run on this machine."""
+    from agent_r1.train.loop import read_summary
+
+    t0 = time.time()
+    rd = prepare_run(cfg)
+    threads = max(1, (os.cpu_count() or 1) // cfg.parallel.learner_ranks)  # roles alternate in sync mode
+    launcher = LocalLauncher(cfg, rd, threads_per_learner=threads)
+    print(
+        f"run dir: {rd.root}\nlogs:    {rd.logs}\nTensorBoard: tensorboard --logdir {rd.tensorboard}",
+        flush=True,
+    )
+    try:
+        launcher.start()
+        rc = launcher.supervise()
+    except KeyboardInterrupt:
+        rc = 130
+    finally:
+        launcher.shutdown()
+    s = read_summary(rd)
+    if s:
+        s["launch_seconds"] = round(time.time() - t0, 1)  # this launch, model build and start-up included
+        atomic_write_json(rd.summary, s)
+    if rc == 0 and s:
+        png = None
+        if cfg.trainer.plot:
+            from agent_r1.train.plot import plot_run
+
+            png = plot_run(rd.tensorboard, rd.root / "curve.png")
+        print(
+            f"\ndone in {time.time() - t0:.0f} s: held-out success {s.get('eval_success_start')} -> "
+            f"{s.get('eval_success_end')} over {s.get('iterations')} iterations ({s.get('algorithm')})\n"
+            f"summary:     {rd.summary}\n"
+            f"TensorBoard: tensorboard --logdir {rd.tensorboard}\n"
+            + (f"curve:       {png}\n" if png else ""),
+            flush=True,
+        )
+    return rc

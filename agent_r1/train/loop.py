@@ -1,0 +1,310 @@
+"""The RL loop, run by every learner rank; rank 0 (the coordinator) also drives the rollout side.
+
+resume or warm start -> push weights -> evaluate
+for each iteration:
+    records  <- rollout task (prompts from the data cursor; prefetched in async mode)
+    update   <- old/ref logprobs, values, distributed advantages, loss over mini-batches
+    push weights to the rollout servers, note what was consumed in the ledger
+    evaluate every K, checkpoint every M, report
+summary.json
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from agent_r1.train.config import TrainConfig
+from agent_r1.train.coordinator import Coordinator, checkpoint_path, find_checkpoint
+from agent_r1.train.learner import Learner, prepare
+from agent_r1.train.metrics import Reporter, console_line, rollout_scalars, sample_text
+from agent_r1.train.run_dir import RunDir, atomic_write_json, read_json
+
+log = logging.getLogger("agent_r1.train")
+
+_STOP = {"signal": None}  # set by SIGTERM / SIGUSR1 (Slurm's warning before preemption or time limit)
+
+
+def _on_signal(signum, frame) -> None:  # noqa: ARG001
+    _STOP["signal"] = signum
+
+
+def install_signal_handlers() -> None:
+    for s in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(s, _on_signal)
+
+
+def _any_rank(flag: bool) -> bool:
+    t = torch.tensor([int(flag)], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def _bcast(obj: Any) -> Any:
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, rd: RunDir, alive: Any = None):
+        self.cfg, self.rd = cfg, rd
+        self.rank = dist.get_rank()
+        self.coord = Coordinator(cfg, rd, alive) if self.rank == 0 else None
+        self.learner = Learner(cfg)
+        self.state: dict[str, Any] = {
+            "iteration": -1,  # last iteration whose update the weights contain
+            "version": 0,  # policy version on the servers
+            "sft_done": False,
+            "eval": [],  # [iteration, success]
+            "wall_seconds": 0.0,
+        }
+        self.t_start = time.time()
+        self.codec = None
+        if self.rank == 0:
+            from transformers import AutoTokenizer
+
+            from agent_r1.agent.chat import ChatCodec
+
+            self.codec = ChatCodec(AutoTokenizer.from_pretrained(cfg.model.path))
+
+    # ---- phases ----------------------------------------------------------------------------------
+    def resume(self) -> None:
+        ckpt = find_checkpoint(self.rd, self.cfg.trainer.resume)
+        if ckpt is not None:
+            self.state.update(self.learner.load(ckpt))
+            log.info(
+                "resumed from %s (iteration %d, version %d)",
+                ckpt,
+                self.state["iteration"],
+                self.state["version"],
+            )
+        if self.coord is not None:
+            self.coord.prepare_resume(self.state["iteration"])
+        self.reporter = Reporter(
+            str(self.rd.tensorboard) if self.rank == 0 else None, self.state["iteration"] + 2
+        )  # iteration i reports at step i + 1: drop what a dead run wrote after its checkpoint
+
+    def warm_start(self) -> None:
+        c = self.cfg.sft
+        if self.state["sft_done"] or c.steps == 0:
+            return
+        t0 = time.time()
+        sft_dir = self.rd.root / "sft_records"
+        if self.rank == 0 and not (sft_dir / "iter_000000" / "manifest.json").exists():
+            self._write_demonstrations(sft_dir)
+        dist.barrier()
+        trajs = prepare(self.learner.read(sft_dir, 0)).trajectories
+        losses = self.learner.sft(
+            trajs, c.steps, c.batch_trajectories, c.seed, self.cfg.trainer.progress and self.rank == 0
+        )
+        self.state["sft_done"] = True
+        self.state["version"] += 1
+        if self.rank == 0 and losses:  # its own TensorBoard run: its steps are SFT steps
+            sft_log = Reporter(str(self.rd.tensorboard / "sft"))
+            for i in range(0, len(losses), max(1, len(losses) // 100)):
+                sft_log.scalars({"sft/nll": losses[i]}, i)
+            sft_log.close()
+            log.info(
+                "warm start: %d SFT steps, nll %.3f -> %.3f (%.0f s)",
+                c.steps,
+                losses[0],
+                losses[-1],
+                time.time() - t0,
+            )
+
+    def _write_demonstrations(self, sft_dir) -> None:
+        from agent_r1.agent.flow import FlowConfig
+        from agent_r1.records.schema import records_to_table
+        from agent_r1.records.shard import finalize_iteration, write_shard
+        from agent_r1.train.sft import demonstration_records
+        from recipes import load_all, load_recipe
+
+        load_all()
+        r, rc = self.cfg.recipe, self.cfg.rollout
+        recipe = load_recipe(r.name)
+        rows = recipe.build_rows(split="train", num=r.train_size, seed=r.seed, **r.options)
+        rows = (rows * (self.cfg.sft.demos // len(rows) + 1))[: self.cfg.sft.demos]
+        flow = FlowConfig(
+            max_steps=rc.max_steps, max_obs_tokens=rc.max_obs_tokens, max_action_tokens=rc.max_action_tokens
+        )
+        trajs = demonstration_records(
+            recipe, rows, self.codec, flow, self.cfg.sft.seed, **self.cfg.sft.options
+        )
+        table = records_to_table([s for t in trajs for s in t.steps])
+        write_shard(sft_dir, 0, 0, table)
+        finalize_iteration(sft_dir, 0)
+        ok = sum(t.metrics.get("success", 0.0) for t in trajs) / max(len(trajs), 1)
+        log.info(
+            "warm start data: %d demonstrations (%d steps), demonstrator success %.2f",
+            len(trajs),
+            table.num_rows,
+            ok,
+        )
+
+    def push_weights(self) -> float:
+        named = self.learner.gather_hf_weights()
+        seconds = 0.0
+        if self.coord is not None:
+            seconds = self.coord.push(named, self.state["version"])
+        dist.barrier()
+        return seconds
+
+    def evaluate(self, iteration: int) -> float:
+        """Greedy success on the held-out split with the servers' current weights."""
+        success = 0.0
+        if self.coord is not None:
+            task = self.coord.task("eval", iteration + 1, self.state["version"])
+            self.coord.issue(task)
+            pooled = self.coord.collect(task)
+            success = pooled.get("success", 0.0) / max(pooled.get("episodes", 0.0), 1.0)
+            self.state["eval"].append([iteration + 1, success])
+            self.reporter.scalars({"eval/success": success, **rollout_scalars(pooled, "eval")}, iteration + 1)
+        return _bcast(success)
+
+    def checkpoint(self, iteration: int) -> None:
+        self.state["iteration"] = iteration
+        self.state["wall_seconds"] = self.wall()
+        self.learner.save(checkpoint_path(self.rd, iteration), dict(self.state))
+        if self.rank == 0:  # keep the newest K
+            import shutil
+
+            done = sorted(
+                (p for p in self.rd.checkpoints.glob("iter_*") if p.name[5:].isdigit()),
+                key=lambda p: int(p.name[5:]),
+            )
+            for p in done[: -self.cfg.trainer.keep_checkpoints]:
+                shutil.rmtree(p, ignore_errors=True)
+                shutil.rmtree(p.with_name(p.name + ".critic"), ignore_errors=True)
+        dist.barrier()
+
+    def wall(self) -> float:
+        return self.state["wall_seconds"] + (time.time() - self.t_start)
+
+    # ---- the loop --------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        cfg, tr = self.cfg, self.cfg.trainer
+        self.resume()
+        self.warm_start()
+        self.push_weights()
+        first = self.state["iteration"] + 1
+        if not self.state["eval"]:
+            self.evaluate(first - 1)
+        ahead = cfg.rollout.max_staleness if cfg.rollout.mode == "async" else 0
+        preempted = False
+        for it in range(first, tr.iterations):
+            t_iter = time.time()
+            times: dict[str, float] = {}
+            pooled: dict[str, Any] = {}
+            if self.coord is not None:  # this iteration's records (issued earlier in async mode)
+                t0 = time.time()
+                for k in range(it, min(it + ahead, tr.iterations - 1) + 1):
+                    self.coord.issue(self.coord.task("train", k, self.state["version"]))
+                pooled = self.coord.collect(self.coord.task("train", it, self.state["version"]))
+                times["time/generate"] = time.time() - t0
+            dist.barrier()
+            t0 = time.time()
+            table = self.learner.read(self.rd.records, it)
+            times["time/read"] = time.time() - t0
+            t0 = time.time()
+            m = self.learner.update(table, self.state["version"], it)
+            times["time/train"] = time.time() - t0
+            self.state["version"] += 1
+            times["time/weight_sync"] = self.push_weights()
+            if self.coord is not None:
+                self.coord.record_consumed(it, self.state["version"])
+            self.state["iteration"] = it
+            last = it == tr.iterations - 1
+            if (tr.eval_every and (it + 1) % tr.eval_every == 0) or last:
+                t0 = time.time()
+                m["eval/success"] = self.evaluate(it)
+                times["time/eval"] = time.time() - t0
+            stop = _any_rank(_STOP["signal"] is not None or self.rd.stopping)
+            if (tr.checkpoint_every and (it + 1) % tr.checkpoint_every == 0) or last or stop:
+                t0 = time.time()
+                self.checkpoint(it)
+                times["time/checkpoint"] = time.time() - t0
+            if self.rank == 0:
+                self.report(it, m, pooled, times, time.time() - t_iter, table)
+            if stop:
+                log.warning(
+                    "stop requested (signal %s): checkpointed iteration %d, exiting", _STOP["signal"], it
+                )
+                preempted = True
+                break
+        summary = self.summary(preempted)
+        if self.coord is not None:
+            self.coord.close()
+        self.reporter.close()
+        return summary
+
+    def report(
+        self,
+        it: int,
+        m: dict[str, float],
+        pooled: dict[str, Any],
+        times: dict[str, float],
+        wall: float,
+        table,
+    ) -> None:
+        m = {**m, **rollout_scalars(pooled), **times}
+        m["time/iteration"] = wall
+        m["time/idle"] = max(0.0, wall - sum(v for k, v in times.items() if k.startswith("time/")))
+        m["weight_sync/seconds"] = times.get("time/weight_sync", 0.0)
+        if pooled.get("generate_s"):
+            m["throughput/rollout_tokens_per_s"] = pooled.get("action_tokens", 0.0) / max(
+                times.get("time/generate", 1e-9), 1e-9
+            )
+        m["throughput/train_tokens_per_s"] = m.get("train/tokens", 0.0) / max(
+            times.get("time/train", 1e-9), 1e-9
+        )
+        m["policy/version"] = float(self.state["version"])
+        self.reporter.scalars(m, it + 1)
+        for i, text in enumerate(sample_text(self.codec, table, self.cfg.trainer.sample_trajectories)):
+            self.reporter.text(f"samples/{i}", text, it + 1)
+        line = console_line(it, self.cfg.trainer.iterations, m)
+        print(line, flush=True)
+        log.info(line)
+
+    def summary(self, preempted: bool) -> dict[str, Any]:
+        evals = self.state["eval"]
+        s = {
+            "algorithm": self.cfg.algorithm.name,
+            "iterations": self.state["iteration"] + 1,
+            "eval_success_start": evals[0][1] if evals else None,
+            "eval_success_end": evals[-1][1] if evals else None,
+            "eval_curve": evals,
+            "wall_seconds": round(self.wall(), 1),
+            "preempted": preempted,
+            "run_dir": str(self.rd.root),
+            "tensorboard": f"tensorboard --logdir {self.rd.tensorboard}",
+        }
+        if self.rank == 0:
+            atomic_write_json(self.rd.summary, s)
+        return s
+
+
+def run_learner(cfg: TrainConfig, rd: RunDir, alive: Any = None) -> dict[str, Any]:
+    """Entry of a learner rank once torch.distributed is initialised."""
+    from megatron.core import parallel_state as ps
+
+    from agent_r1.learner.cpu_compat import apply
+
+    if cfg.parallel.backend == "gloo":
+        apply()
+    ps.initialize_model_parallel(cfg.parallel.tp, cfg.parallel.pp)
+    install_signal_handlers()
+    try:
+        return Trainer(cfg, rd, alive).run()
+    finally:
+        ps.destroy_model_parallel()
+
+
+def read_summary(rd: RunDir) -> dict[str, Any]:
+    return read_json(rd.summary) if rd.summary.exists() else json.loads("{}")

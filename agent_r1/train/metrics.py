@@ -1,0 +1,83 @@
+"""What the coordinator reports: TensorBoard scalars and texts, one console line per iteration."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+log = logging.getLogger("agent_r1.metrics")
+
+
+def rollout_scalars(pooled: dict[str, Any], prefix: str = "rollout") -> dict[str, float]:
+    """Per-trajectory means from the workers' summed episode statistics."""
+    n = max(pooled.get("episodes", 0.0), 1.0)
+    steps = max(pooled.get("steps", 0.0), 1.0)
+    out = {
+        f"{prefix}/success": pooled.get("success", 0.0) / n,
+        f"{prefix}/reward": pooled.get("reward", 0.0) / n,
+        f"{prefix}/steps_per_trajectory": pooled.get("steps", 0.0) / n,
+        f"{prefix}/tool_calls_per_trajectory": pooled.get("tool_calls", 0.0) / n,
+        f"{prefix}/tool_errors_per_trajectory": pooled.get("tool_errors", 0.0) / n,
+        f"{prefix}/response_tokens_per_step": pooled.get("action_tokens", 0.0) / steps,
+        f"{prefix}/truncated_fraction": pooled.get("truncated", 0.0) / n,
+    }
+    return out
+
+
+class Reporter:
+    """TensorBoard writer of the coordinator (``None`` writer on other ranks: nothing is written)."""
+
+    def __init__(self, logdir: str | None, purge_step: int | None = None):
+        self.writer = None
+        if logdir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(logdir, purge_step=purge_step)
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        if self.writer is None:
+            return
+        for k, v in sorted(values.items()):
+            if isinstance(v, (int, float)) and math.isfinite(float(v)):
+                self.writer.add_scalar(k, float(v), step)
+        self.writer.flush()
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        if self.writer is not None:
+            self.writer.add_text(tag, text, step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def console_line(iteration: int, total: int, m: dict[str, float]) -> str:
+    def g(k: str, fmt: str = "{:.3f}") -> str:
+        return fmt.format(m[k]) if k in m else "-"
+
+    return (
+        f"iter {iteration + 1}/{total} | success {g('rollout/success')} reward {g('rollout/reward')} "
+        f"| steps {g('rollout/steps_per_trajectory', '{:.2f}')} tools {g('rollout/tool_calls_per_trajectory', '{:.2f}')} "
+        f"| loss {g('loss/pg', '{:+.4f}')} kl {g('approx_kl', '{:.4f}')} ent {g('entropy')} "
+        f"gnorm {g('grad_norm', '{:.2f}')} | eval {g('eval/success')} "
+        f"| gen {g('time/generate', '{:.1f}')}s train {g('time/train', '{:.1f}')}s "
+        f"sync {g('time/weight_sync', '{:.2f}')}s"
+    )
+
+
+def sample_text(codec: Any, table: Any, k: int) -> list[str]:
+    """The first ``k`` trajectories of a record table as readable text (last observation + actions)."""
+    import pyarrow.compute as pc
+
+    if k <= 0 or table.num_rows == 0:
+        return []
+    ids = pc.unique(table.column("trajectory_id")).to_pylist()[:k]
+    out = []
+    for tid in ids:
+        t = table.filter(pc.equal(table.column("trajectory_id"), tid)).to_pylist()
+        t.sort(key=lambda r: r["step_index"])
+        last = t[-1]
+        text = codec.decode(last["obs_token_ids"] + last["action_token_ids"])
+        out.append(f"**{tid}** reward={last['reward']}\n\n```\n{text[-3000:]}\n```")
+    return out

@@ -1,0 +1,200 @@
+"""Role bootstrap: who am I (rank, world, local rank), where am I (node address), who is the master.
+
+The same roles run under the local launcher, under ``srun`` (Slurm's environment), under
+``mpirun`` (Open MPI's environment) or ``torchrun`` (its variables). Learner rank 0 publishes its
+rendezvous address in the run directory; the other ranks wait for it (with a timeout and a
+message that names the file), so no hostnames have to be known in advance.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent_r1.train.run_dir import RunDir, atomic_write_json, read_json
+from agent_r1.train.tasks import RoleTimeout
+
+log = logging.getLogger("agent_r1.roles")
+
+# (rank, world, local rank) variables, first match wins
+_ENV_SOURCES = [
+    ("AGENT_R1_RANK", "AGENT_R1_WORLD", "AGENT_R1_LOCAL_RANK"),  # local launcher
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),  # srun (per het-job component)
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),  # mpirun
+    ("PMIX_RANK", "PMIX_SIZE", "PMIX_LOCAL_RANK"),
+    ("RANK", "WORLD_SIZE", "LOCAL_RANK"),  # torchrun
+]
+
+
+@dataclass(frozen=True)
+class RoleEnv:
+    rank: int
+    world: int
+    local_rank: int
+    source: str  # which environment it came from
+    address: str  # this node's address, reachable by the other nodes
+    launch_id: str  # identifies this launch (a requeued job is a new launch)
+
+
+def node_address() -> str:
+    """This node's address: ``AGENT_R1_HOST``; under Slurm the node's ``NodeAddr`` (several
+    nodes may share one hostname, each with its own address); else the hostname's address."""
+    if os.environ.get("AGENT_R1_HOST"):
+        return os.environ["AGENT_R1_HOST"]
+    node = os.environ.get("SLURMD_NODENAME")
+    if node:
+        try:
+            out = subprocess.run(
+                ["scontrol", "show", "node", node], capture_output=True, text=True, timeout=30, check=True
+            ).stdout
+            for tok in out.split():
+                if tok.startswith("NodeAddr="):
+                    return tok.split("=", 1)[1]
+        except (OSError, subprocess.SubprocessError) as e:
+            log.warning("scontrol show node %s failed (%s); using the hostname's address", node, e)
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def launch_id() -> str:
+    if os.environ.get("AGENT_R1_LAUNCH_ID"):
+        return os.environ["AGENT_R1_LAUNCH_ID"]
+    if os.environ.get("SLURM_JOB_ID"):
+        return f"slurm-{os.environ['SLURM_JOB_ID']}-{os.environ.get('SLURM_RESTART_COUNT', '0')}"
+    return f"pid-{os.getppid()}"
+
+
+def detect() -> RoleEnv:
+    for r, w, lr in _ENV_SOURCES:
+        if r in os.environ and w in os.environ:
+            rank, world = int(os.environ[r]), int(os.environ[w])
+            if not 0 <= rank < world:
+                raise ValueError(f"{r}={rank} outside {w}={world}")
+            return RoleEnv(rank, world, int(os.environ.get(lr, "0")), r, node_address(), launch_id())
+    return RoleEnv(0, 1, 0, "none", node_address(), launch_id())
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def rendezvous(rd: RunDir, env: RoleEnv, timeout_s: float) -> str:
+    """``tcp://addr:port`` of learner rank 0 for this launch (rank 0 publishes it)."""
+    path = rd.control / "learner_master.json"
+    if env.rank == 0:
+        port = free_port(env.address)
+        atomic_write_json(path, {"address": env.address, "port": port, "launch_id": env.launch_id})
+        return f"tcp://{env.address}:{port}"
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if path.exists():
+            m = read_json(path)
+            if m.get("launch_id") == env.launch_id:
+                return f"tcp://{m['address']}:{m['port']}"
+        time.sleep(0.1)
+    raise RoleTimeout(
+        f"learner rank {env.rank}: rank 0 did not publish {path} for launch {env.launch_id} within {timeout_s:.0f} s"
+    )
+
+
+def _file_logging(rd: RunDir, name: str) -> None:
+    root = logging.getLogger("agent_r1")
+    h = logging.FileHandler(rd.logs / f"{name}.log")
+    h.setFormatter(logging.Formatter(f"[%(asctime)s {name}] %(levelname)s %(message)s", "%H:%M:%S"))
+    root.addHandler(h)
+
+
+def run_role(role: str, run_dir: str, index: int | None = None) -> int:
+    """``agent-r1 role learner|server|teacher|worker --run-dir D``."""
+    from agent_r1.logging import setup_logging
+    from agent_r1.train.config import from_yaml
+
+    rd = RunDir.at(run_dir)
+    cfg = from_yaml(rd.config)
+    env = detect()
+    idx = env.rank if index is None else index
+    name = f"{role}_{idx}"
+    setup_logging(name)
+    _file_logging(rd, name)
+    rd.publish_role(
+        name, {"host": socket.gethostname(), "address": env.address, "pid": os.getpid(), "env": env.source}
+    )
+    if role == "learner":
+        import warnings
+
+        # Megatron announces its CPU fallbacks once per module; torch deprecations inside Megatron
+        warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*not installed.*")
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", message=".*cuda_graph_scope.*")
+        warnings.filterwarnings("ignore", message=".*non-leaf Tensor.*")
+        return _learner(cfg, rd, env)
+    if role in ("server", "teacher"):
+        from agent_r1.rollout.server import serve
+
+        folder = rd.servers if role == "server" else rd.teachers
+        model = cfg.model.path if role == "server" else cfg.algorithm.teacher
+        serve(
+            model,
+            env.address,
+            0,
+            str(folder / f"{name}.json"),
+            dtype=cfg.model.dtype,
+            max_len=cfg.model.max_len,
+            threads=cfg.rollout.server_cpus,
+        )
+        return 0
+    if role == "worker":
+        import torch
+
+        from agent_r1.train.worker import Worker
+
+        torch.set_num_threads(1)
+        Worker(cfg, rd, idx).serve_forever()
+        return 0
+    raise ValueError(f"unknown role {role!r}: learner, server, teacher or worker")
+
+
+def _learner(cfg: Any, rd: RunDir, env: RoleEnv) -> int:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from agent_r1.train.loop import run_learner
+
+    if env.world != cfg.parallel.learner_ranks:
+        raise ValueError(
+            f"{env.world} learner ranks started but parallel.learner_ranks={cfg.parallel.learner_ranks}"
+        )
+    torch.set_num_threads(max(1, int(os.environ.get("AGENT_R1_THREADS", "1"))))
+    url = rendezvous(rd, env, cfg.trainer.timeout_s)
+    dist.init_process_group(
+        cfg.parallel.backend,
+        init_method=url,
+        rank=env.rank,
+        world_size=env.world,
+        timeout=datetime.timedelta(seconds=cfg.trainer.timeout_s),
+    )
+    try:
+        summary = run_learner(cfg, rd)
+    finally:
+        dist.destroy_process_group()
+    if env.rank == 0:
+        log.info("summary %s", summary)
+    return 3 if summary.get("preempted") else 0
+
+
+def role_command(role: str, run_dir: Path, index: int | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "agent_r1.cli", "role", role, "--run-dir", str(run_dir)]
+    return cmd + (["--index", str(index)] if index is not None else [])

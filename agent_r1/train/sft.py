@@ -1,0 +1,53 @@
+"""Warm-start data: a recipe's demonstrations replayed through its own agent flow.
+
+The demonstrator's turns are "sampled" token for token by a scripted generator, so the
+observations (system prompt, tool schemas, tool responses, context management) are exactly what
+the environment builds at rollout time; the result is ordinary step records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from agent_r1.agent.chat import ChatCodec
+from agent_r1.rollout.protocol import Completion, FinishReason, SamplingParams
+
+
+class Demonstrator:
+    """A ``generate`` that replies with given texts, one list per trajectory (``session(id)``)."""
+
+    def __init__(self, codec: ChatCodec, scripts: dict[str, list[str]]):
+        self.codec, self.scripts = codec, {k: list(v) for k, v in scripts.items()}
+
+    def session(self, trajectory_id: str):
+        turns = self.scripts[trajectory_id]
+
+        async def generate(token_ids: list[int], sampling: SamplingParams) -> Completion:
+            if not turns:
+                raise RuntimeError(
+                    f"demonstration for {trajectory_id} has no turn left (the env wants more steps)"
+                )
+            ids = self.codec.encode(turns.pop(0)) + [self.codec.im_end_id]
+            reason = FinishReason.STOP
+            if len(ids) > sampling.max_new_tokens:
+                ids, reason = ids[: sampling.max_new_tokens], FinishReason.LENGTH
+            return Completion(ids, [0.0] * len(ids), reason, 0)
+
+        return generate
+
+
+def demonstration_records(
+    recipe: Any, rows: list[Any], codec: ChatCodec, flow: Any, seed: int, **options: Any
+):
+    """Step records of the recipe's demonstrations for ``rows`` (``recipe.demonstrations``)."""
+    from agent_r1.rollout.episodes import run_episodes
+
+    if not hasattr(recipe, "demonstrations"):
+        raise ValueError(f"recipe {recipe.__name__} has no demonstrations(); set sft.steps=0")
+    scripts = recipe.demonstrations(rows, seed=seed, **options)
+    by_id = {f"sft-p{i}-s0": s for i, s in enumerate(scripts)}
+    trajs = asyncio.run(
+        run_episodes(rows, Demonstrator(codec, by_id), codec, flow, 1, id_prefix="sft", progress=False)
+    )
+    return trajs

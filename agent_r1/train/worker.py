@@ -1,0 +1,222 @@
+"""Rollout worker role: runs agent flows for the coordinator's tasks and commits record shards.
+
+It reads tasks from the run directory, picks the rollout servers that already have the task's
+weight version, runs its share of the episodes through the same ``RolloutClient`` that drives
+SGLang, optionally scores every action under the teacher (OPD), and commits one shard per task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from agent_r1.train.config import TrainConfig
+from agent_r1.train.coordinator import servers_in
+from agent_r1.train.run_dir import RunDir
+from agent_r1.train.tasks import RoleTimeout, RolloutTask, acknowledge, pending_tasks
+
+log = logging.getLogger("agent_r1.worker")
+
+
+def trajectory_metrics(trajs: list[Any]) -> dict[str, float]:
+    """Episode statistics a task reports (means over trajectories) and sums the coordinator pools."""
+    n = len(trajs)
+    steps = [s for t in trajs for s in t.steps]
+    return {
+        "episodes": float(n),
+        "success": sum(t.metrics.get("success", 0.0) for t in trajs),
+        "reward": sum(t.total_reward for t in trajs),
+        "steps": float(len(steps)),
+        "tool_calls": float(sum(t.num_tool_calls for t in trajs)),
+        "tool_errors": float(sum(s.info.get("num_tool_errors", 0) for s in steps)),
+        "action_tokens": float(sum(len(s.action_token_ids) for s in steps)),
+        "truncated": float(sum(1 for t in trajs if t.steps and t.steps[-1].truncated)),
+    }
+
+
+async def servers_with_version(urls_fn, version: int, timeout_s: float) -> list[str]:
+    """Servers (re-discovered while waiting) that answer and have at least ``version``."""
+    from agent_r1.rollout.client import RolloutClient
+
+    deadline = time.time() + timeout_s
+    while True:
+        urls = urls_fn()
+        ok: list[str] = []
+        if urls:
+            probe = RolloutClient(servers=urls, timeout_s=10.0, max_retries=0)
+            try:
+                answers = await asyncio.gather(
+                    *(probe.get(u, "/get_weight_version") for u in urls), return_exceptions=True
+                )
+            finally:
+                await probe.close()
+            for u, a in zip(urls, answers, strict=True):
+                if isinstance(a, dict) and _version(a.get("weight_version")) >= version:
+                    ok.append(u)
+        if ok:
+            return ok
+        if time.time() > deadline:
+            raise RoleTimeout(
+                f"no rollout server with weight version >= {version} within {timeout_s:.0f} s: {urls}"
+            )
+        await asyncio.sleep(0.2)
+
+
+def _version(v: Any) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return -1
+
+
+async def teacher_logprobs(client: Any, trajs: list[Any]) -> list[list[float]]:
+    """log pi_teacher of every action token given its observation (one prefill per step)."""
+
+    async def one(step) -> list[float]:
+        body = {
+            "input_ids": list(step.obs_token_ids) + list(step.action_token_ids),
+            "sampling_params": {"max_new_tokens": 1, "temperature": 1.0},
+            "return_logprob": True,
+            "logprob_start_len": len(step.obs_token_ids),
+        }
+        out = await client.generate_raw(body, session=step.trajectory_id)
+        lps = [float(x[0]) for x in out["meta_info"]["input_token_logprobs"]]
+        if len(lps) != len(step.action_token_ids):
+            raise RuntimeError(
+                f"teacher returned {len(lps)} logprobs for {len(step.action_token_ids)} action tokens "
+                f"({step.trajectory_id} step {step.step_index})"
+            )
+        return lps
+
+    return list(await asyncio.gather(*(one(s) for t in trajs for s in t.steps)))
+
+
+class Worker:
+    def __init__(self, cfg: TrainConfig, rd: RunDir, index: int):
+        from transformers import AutoTokenizer
+
+        from agent_r1.agent.chat import ChatCodec
+        from recipes import load_all, load_recipe
+
+        load_all()
+        self.cfg, self.rd, self.index = cfg, rd, index
+        self.recipe = load_recipe(cfg.recipe.name)
+        self.codec = ChatCodec(AutoTokenizer.from_pretrained(cfg.model.path))
+        self._rows: dict[str, list[Any]] = {}
+
+    def rows(self, split: str) -> list[Any]:
+        if split not in self._rows:
+            r = self.cfg.recipe
+            num = r.train_size if split == "train" else r.test_size
+            self._rows[split] = self.recipe.build_rows(split=split, num=num, seed=r.seed, **r.options)
+        return self._rows[split]
+
+    def serve_forever(self, poll_s: float = 0.05) -> None:
+        self.rd.publish_role(f"worker_{self.index}", _where())
+        log.info("worker %d ready (run dir %s)", self.index, self.rd.root)
+        while not self.rd.stopping:
+            tasks = pending_tasks(self.rd, self.index)
+            if not tasks:
+                time.sleep(poll_s)
+                continue
+            for task in tasks:
+                if self.rd.stopping:
+                    break
+                acknowledge(self.rd, task, self.index, asyncio.run(self.run_task(task)))
+        log.info("worker %d: stop requested", self.index)
+
+    async def run_task(self, task: RolloutTask) -> dict[str, Any]:
+        from agent_r1.agent.flow import FlowConfig
+        from agent_r1.agent.types import SamplingParams
+        from agent_r1.records.schema import EXTRA_FIELDS, records_to_table
+        from agent_r1.records.shard import committed_shards, shard_name, write_shard
+        from agent_r1.rollout.client import RolloutClient, discover_servers
+        from agent_r1.rollout.episodes import run_episodes
+
+        out_dir = self.rd.root / task.records_subdir
+        mine = shard_name(self.index)
+        done = [m for m in committed_shards(out_dir, task.iteration) if m.name == mine]
+        if done:  # committed before a restart: never generate (or train) a record twice
+            log.info("%s: shard already committed (%d rows), acknowledging", task.name, done[0].rows)
+            return {"reused": True, "rows": done[0].rows}
+        t0 = time.time()
+        rc = self.cfg.rollout
+        share = task.share(self.index)
+        rows = [self.rows(task.split)[r] for _, r in share]
+        servers = await servers_with_version(
+            lambda: discover_servers(self.rd.root), task.weight_version, self.cfg.trainer.timeout_s
+        )
+        client = RolloutClient(servers=servers, timeout_s=rc.request_timeout_s)
+        sampling = SamplingParams(
+            temperature=task.temperature,
+            top_p=task.top_p,
+            max_new_tokens=rc.max_action_tokens,
+            seed=task.seed,
+        )
+        flow = FlowConfig(
+            max_steps=rc.max_steps,
+            max_obs_tokens=rc.max_obs_tokens,
+            max_action_tokens=rc.max_action_tokens,
+            sampling=sampling,
+        )
+        progress = self.rd.tasks / f"{task.name}.w{self.index}.progress"
+        last = [0.0]
+
+        def on_episode(n: int) -> None:
+            if time.time() - last[0] > 0.5:
+                progress.write_text(str(n))
+                last[0] = time.time()
+
+        try:
+            trajs = await run_episodes(
+                rows,
+                client,
+                self.codec,
+                flow,
+                task.group_size,
+                id_prefix=f"{task.name}-w{self.index}",
+                max_concurrency=rc.max_concurrency,
+                progress=False,
+                on_episode=on_episode,
+            )
+        finally:
+            await client.close()
+        gen_s = time.time() - t0
+        table = records_to_table([s for t in trajs for s in t.steps])
+        if task.teacher:
+            teachers = servers_in(self.rd.teachers)
+            tclient = RolloutClient(servers=teachers, timeout_s=rc.request_timeout_s)
+            try:
+                lps = await teacher_logprobs(tclient, trajs)
+            finally:
+                await tclient.close()
+            table = table.append_column(
+                EXTRA_FIELDS["teacher_logprobs"], pa.array(lps, EXTRA_FIELDS["teacher_logprobs"].type)
+            )
+        meta = write_shard(out_dir, task.iteration, self.index, table)
+        metrics = trajectory_metrics(trajs)
+        metrics.update(rows=meta.rows, generate_s=gen_s, total_s=time.time() - t0)
+        if task.kind == "eval":
+            metrics["per_row_success"] = [
+                [pos, t.metrics.get("success", 0.0)] for (pos, _), t in zip(share, trajs, strict=True)
+            ]
+        log.info(
+            "%s: %d episodes, success %.3f, %d rows, %.1f s",
+            task.name,
+            len(trajs),
+            metrics["success"] / max(len(trajs), 1),
+            meta.rows,
+            metrics["total_s"],
+        )
+        return metrics
+
+
+def _where() -> dict[str, Any]:
+    import os
+    import socket
+
+    return {"host": socket.gethostname(), "pid": os.getpid()}

@@ -1,0 +1,98 @@
+"""Training config: every preset composes and validates; bad keys and values fail naming the key."""
+
+from pathlib import Path
+
+import pytest
+
+from agent_r1.train.config import CONFIG_DIR, ConfigError, TrainConfig, from_yaml, load_config, to_yaml
+
+PRESETS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
+ALGORITHMS = sorted(p.stem for p in (CONFIG_DIR / "algorithm").glob("*.yaml"))
+
+
+def test_presets_exist():
+    assert {"quickstart", "smollm2_gsm8k_tool", "qwen3_4b_gsm8k_tool_steppo_4n8g"} <= set(PRESETS)
+    assert {"grpo", "rloo", "reinforce_pp", "ppo", "steppo", "pspo", "gigpo", "opd"} <= set(ALGORITHMS)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_composes_and_validates(preset):
+    cfg = load_config([f"+experiment={preset}"])
+    assert isinstance(cfg, TrainConfig)
+    assert cfg.trainer.name == preset  # each preset names its runs
+    assert cfg.parallel.learner_ranks % (cfg.parallel.tp * cfg.parallel.pp) == 0
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_algorithm_group_composes(algorithm):
+    cfg = load_config([f"algorithm={algorithm}"])
+    assert cfg.algorithm.name == algorithm
+    from agent_r1.algos.advantages import ADVANTAGES
+    from agent_r1.algos.losses import POLICY_LOSSES
+
+    assert cfg.algorithm.advantage in ADVANTAGES and cfg.algorithm.loss in POLICY_LOSSES
+
+
+def test_cluster_preset_values():
+    cfg = load_config(["+experiment=qwen3_4b_gsm8k_tool_steppo_4n8g"])
+    assert (cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.backend) == (2, 2, 8, "nccl")
+    assert (
+        cfg.cluster.launcher == "slurm" and cfg.cluster.gpus_per_node == 8 and cfg.cluster.learner_nodes == 4
+    )
+    assert cfg.rollout.engine == "sglang" and cfg.algorithm.loss == "steppo"
+    assert cfg.model.precision == "fp8"
+    # the learner ranks fill the learner nodes' GPUs exactly
+    assert cfg.parallel.learner_ranks == cfg.cluster.learner_nodes * cfg.cluster.gpus_per_node
+
+
+def test_overrides_apply():
+    cfg = load_config(["+experiment=quickstart", "algorithm=steppo", "rollout.group_size=4", "optim.lr=0.5"])
+    assert cfg.algorithm.loss == "steppo" and cfg.rollout.group_size == 4 and cfg.optim.lr == 0.5
+    assert cfg.sft.steps > 0 and cfg.recipe.name == "arithmetic_tool"
+
+
+@pytest.mark.parametrize(
+    "override, names",
+    [
+        ("trainer.itertions=3", "trainer.itertions"),  # a typo
+        ("+rollout.nope=1", "nope"),
+        ("rollout.group_size=abc", "rollout.group_size"),
+        ("rollout.mode=sometimes", "rollout.mode"),
+        ("algorithm.policy.agg=mean", "agg"),
+        ("algorithm.advantage=nope", "algorithm.advantage"),
+        ("parallel.learner_ranks=3 parallel.tp=2", "parallel.learner_ranks"),
+        ("algorithm=nope", "algorithm"),
+        ("algorithm.estimator.gamma=0", "gamma"),
+        ("rollout.top_p=1.5", "rollout.top_p"),
+        ("trainer.resume=/no/such/checkpoint", "trainer.resume"),
+        ("algorithm=ppo algorithm.critic=false", "algorithm.critic"),
+        ("algorithm.policy.kl_coef=0.1", "algorithm.reference"),
+    ],
+)
+def test_bad_config_fails_naming_the_key(override, names):
+    with pytest.raises(ConfigError) as e:
+        load_config(override.split())
+    assert names in str(e.value), str(e.value)
+
+
+def test_opd_needs_a_teacher():
+    with pytest.raises(ConfigError, match="algorithm.teacher"):
+        load_config(["algorithm=opd", "algorithm.teacher=null"])
+    assert load_config(["algorithm=opd", "algorithm.teacher=/x"]).algorithm.teacher == "/x"
+
+
+def test_resolved_config_round_trips(tmp_path: Path):
+    cfg = load_config(["+experiment=quickstart", "algorithm=pspo"])
+    p = tmp_path / "config.yaml"
+    p.write_text(to_yaml(cfg))
+    assert from_yaml(p) == cfg
+    p.write_text(to_yaml(cfg).replace("group_size:", "group_sise:"))
+    with pytest.raises(ConfigError, match="group_sise"):
+        from_yaml(p)
+
+
+def test_cli_reports_bad_key(capsys):
+    from agent_r1.cli import main
+
+    assert main(["train", "trainer.itertions=3"]) == 2
+    assert "trainer.itertions" in capsys.readouterr().err

@@ -1,0 +1,241 @@
+"""`agent-r1 train` end to end: real processes (learner over gloo, `agent-r1 serve` rollout servers,
+rollout workers), real shards, real TensorBoard event files. Reduced quickstart runs of 2 iterations
+in each algorithm family; kill -9 of the whole run then `resume=auto`; a rollout server killed
+mid-iteration."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.ipc as ipc
+import pytest
+
+from agent_r1.train.plot import read_scalars
+
+EXPECTED_TAGS = [
+    "eval/success",
+    "rollout/success",
+    "rollout/reward",
+    "rollout/steps_per_trajectory",
+    "rollout/tool_calls_per_trajectory",
+    "rollout/response_tokens_per_step",
+    "loss/pg",
+    "grad_norm",
+    "lr",
+    "entropy",
+    "time/generate",
+    "time/train",
+    "time/idle",
+    "weight_sync/seconds",
+    "staleness/max",
+    "mismatch/abs_logprob_diff_rollout_learner",
+    "throughput/train_tokens_per_s",
+    "policy/version",
+]
+
+
+def reduced(model: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [
+        "+experiment=quickstart",
+        f"model.path={model}",
+        "model.build=null",
+        f"trainer.run_dir={run_dir}",
+        "trainer.iterations=2",
+        "trainer.eval_every=1",
+        "trainer.checkpoint_every=1",
+        "trainer.progress=false",
+        "trainer.timeout_s=240",
+        "sft.steps=3",
+        "sft.demos=16",
+        "recipe.train_size=16",
+        "recipe.test_size=4",
+        "rollout.prompts_per_iteration=4",
+        "rollout.group_size=4",
+        "rollout.max_action_tokens=24",
+        "rollout.ready_timeout_s=120",
+        *extra,
+    ]
+
+
+def train(args: list[str], timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "agent_r1.cli", "train", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def ledger(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "ledger.jsonl").read_text().splitlines() if x.strip()]
+
+
+def manifest(run_dir: Path, it: int) -> dict:
+    return json.loads((run_dir / "records" / f"iter_{it:06d}" / "manifest.json").read_text())
+
+
+def check_finished(r: subprocess.CompletedProcess, run_dir: Path, iterations: int) -> dict:
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.loads((run_dir / "summary.json").read_text())
+    for k in ("eval_success_start", "eval_success_end", "wall_seconds", "iterations", "algorithm"):
+        assert k in s
+    assert s["iterations"] == iterations
+    assert 0.0 <= s["eval_success_start"] <= 1.0 and 0.0 <= s["eval_success_end"] <= 1.0
+    assert (run_dir / "checkpoints" / f"iter_{iterations - 1:06d}" / "agent_r1_state.json").exists()
+    # every committed iteration was trained exactly once, on exactly the committed shards
+    entries = ledger(run_dir)
+    assert [e["iteration"] for e in entries] == list(range(iterations))
+    for e in entries:
+        m = manifest(run_dir, e["iteration"])
+        assert e["shards"] == {k: v["checksum"] for k, v in m["shards"].items()}
+        assert e["rows"] == m["rows"] > 0
+    assert "iter " in r.stdout and "tensorboard --logdir" in r.stdout  # console line + TB command
+    return s
+
+
+def check_events(run_dir: Path, iterations: int) -> dict[str, list]:
+    scalars = read_scalars(run_dir / "tensorboard")
+    for tag in EXPECTED_TAGS:
+        assert tag in scalars, f"{tag} missing from the event files; have {sorted(scalars)}"
+        assert all(math.isfinite(v) for _, v in scalars[tag]), (tag, scalars[tag])
+    assert [s for s, _ in scalars["rollout/success"]] == list(range(1, iterations + 1))
+    assert [s for s, _ in scalars["eval/success"]] == list(range(0, iterations + 1))
+    return scalars
+
+
+def read_records(run_dir: Path, it: int):
+    import pyarrow as pa
+
+    d = run_dir / "records" / f"iter_{it:06d}"
+    return pa.concat_tables([ipc.open_file(str(p)).read_all() for p in sorted(d.glob("shard_*.arrow"))])
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory, tiny_model_dir):
+    """A second tiny model with the same tokenizer (same text, same vocab) and other weights."""
+    from agent_r1.models.tiny import build_tiny_model
+    from agent_r1.tools import TOOLS
+    from recipes import load_recipe
+
+    out = tmp_path_factory.mktemp("teacher") / "qwen3"
+    texts = load_recipe("arithmetic_tool").corpus(num=300) + load_recipe("gsm8k").corpus()
+    build_tiny_model(out, texts, [TOOLS.get("calculator")().schema], arch="qwen3", vocab_size=800, seed=7)
+    assert (out / "tokenizer.json").read_text() == (tiny_model_dir / "tokenizer.json").read_text()
+    return out
+
+
+def test_grpo_two_iterations(tiny_model_dir, tmp_path):
+    run = tmp_path / "grpo"
+    r = train(reduced(tiny_model_dir, run, "algorithm=grpo"))
+    s = check_finished(r, run, 2)
+    assert s["algorithm"] == "grpo"
+    scalars = check_events(run, 2)
+    # sync mode: the learner recomputes exactly what the server sampled with (weights synced)
+    assert max(v for _, v in scalars["mismatch/abs_logprob_diff_rollout_learner"]) < 1e-3
+    assert all(v == 0 for _, v in scalars["staleness/max"])
+    # SFT bumped the version to 1; each update bumps it again; records carry the sampling version
+    versions = [int(v) for v in read_records(run, 1).column("policy_version").to_pylist()]
+    assert set(versions) == {2}
+    assert (run / "curve.png").stat().st_size > 1000
+    assert "held-out success" in r.stdout
+    texts = list((run / "logs").glob("*.log"))
+    assert {p.stem for p in texts} >= {"learner_0", "server_0", "worker_0"}
+
+
+def test_steppo_async_two_iterations(tiny_model_dir, tmp_path):
+    run = tmp_path / "steppo"
+    r = train(
+        reduced(tiny_model_dir, run, "algorithm=steppo", "rollout.mode=async", "rollout.max_staleness=1")
+    )
+    check_finished(r, run, 2)
+    scalars = check_events(run, 2)
+    # iteration 1 was generated while iteration 0 trained: one version behind the learner
+    assert dict(scalars["staleness/max"])[2] == 1.0
+
+
+def test_pspo_two_iterations_two_learner_ranks(tiny_model_dir, tmp_path):
+    run = tmp_path / "pspo"
+    r = train(reduced(tiny_model_dir, run, "algorithm=pspo", "parallel=cpu_dp2", "rollout.workers=2"))
+    check_finished(r, run, 2)
+    check_events(run, 2)
+    assert len(manifest(run, 0)["shards"]) == 2  # one shard per worker
+
+
+def test_opd_with_teacher_server(tiny_model_dir, teacher_dir, tmp_path):
+    run = tmp_path / "opd"
+    r = train(reduced(tiny_model_dir, run, "algorithm=opd", f"algorithm.teacher={teacher_dir}"))
+    check_finished(r, run, 2)
+    check_events(run, 2)
+    t = read_records(run, 0)
+    teacher = [x for row in t.column("teacher_logprobs").to_pylist() for x in row]
+    student = [x for row in t.column("action_logprobs").to_pylist() for x in row]
+    assert len(teacher) == len(student) > 0 and all(math.isfinite(x) and x <= 0 for x in teacher)
+    assert max(abs(a - b) for a, b in zip(teacher, student, strict=True)) > 1e-2  # another model
+    assert (run / "logs" / "teacher_0.log").exists()
+
+
+def _wait_for(cond, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_kill_whole_run_then_resume(tiny_model_dir, tmp_path):
+    run = tmp_path / "resume"
+    args = reduced(tiny_model_dir, run, "trainer.iterations=4", "trainer.eval_every=2")
+    p = subprocess.Popen(
+        [sys.executable, "-m", "agent_r1.cli", "train", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        # kill -9 everything once iteration 2's records are committed but before it is trained
+        _wait_for(lambda: (run / "records" / "iter_000002" / "manifest.json").exists(), 300, "iteration 2")
+        os.killpg(p.pid, signal.SIGKILL)
+    finally:
+        p.wait(30)
+    before = ledger(run)
+    assert [e["iteration"] for e in before] in ([0, 1], [0, 1, 2])
+    committed = manifest(run, 2)
+    r = train(args)
+    check_finished(r, run, 4)
+    # iteration 2's records were committed by the dead run: reused, not generated again
+    assert manifest(run, 2) == committed
+    check_events(run, 4)
+
+
+def test_rollout_server_killed_mid_iteration(tiny_model_dir, tmp_path):
+    run = tmp_path / "serverkill"
+    args = reduced(tiny_model_dir, run, "rollout.servers=2", "rollout.max_action_tokens=48")
+    p = subprocess.Popen(
+        [sys.executable, "-m", "agent_r1.cli", "train", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        task = run / "control" / "tasks" / "train_000000.json"
+        _wait_for(task.exists, 300, "the first rollout task")
+        pid = json.loads((run / "control" / "roles" / "server_0.json").read_text())["pid"]
+        os.kill(pid, signal.SIGKILL)
+        out, _ = p.communicate(timeout=400)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 0, out[-4000:]
+    assert "server_0 exited" in out and "restarting" in out
+    for it in range(2):  # every episode of every iteration made it
+        assert manifest(run, it)["num_trajectories"] == 4 * 4
+    assert [e["iteration"] for e in ledger(run)] == [0, 1]
