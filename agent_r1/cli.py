@@ -195,6 +195,54 @@ def _train(a: argparse.Namespace) -> int:
     return train_local(cfg)
 
 
+def _launch(a: argparse.Namespace) -> int:
+    from agent_r1.train.config import ConfigError
+    from agent_r1.train.slurm import SlurmError, launch
+
+    try:
+        out = launch(a.overrides, dry_run=a.dry_run)
+    except (ConfigError, SlurmError) as e:
+        print(f"agent-r1 launch: {e}", file=sys.stderr)
+        return 2
+    if a.dry_run:
+        print(out["script"], end="")
+        return 0
+    print(
+        f"submitted job {out['job_id']}\nrun dir:     {out['run_dir']}\nscript:      {out['script']}\n"
+        f"logs:        {' '.join(out['logs'])}\nTensorBoard: {out['tensorboard']}\n"
+        f"watch:       squeue -j {out['job_id']}; tail -f {out['logs'][0]}"
+    )
+    return 0
+
+
+def _sweep(a: argparse.Namespace) -> int:
+    from agent_r1.train.config import ConfigError
+    from agent_r1.train.slurm import SlurmError, sweep
+
+    try:
+        out = sweep(a.config, a.overrides, dry_run=a.dry_run, out_dir=a.out)
+    except (ConfigError, SlurmError) as e:
+        print(f"agent-r1 sweep: {e}", file=sys.stderr)
+        return 2
+    if a.dry_run:
+        for t in out["tasks"]:
+            print(f"# task {t['index']}: {' '.join(t['overrides'])}")
+        print(out["script"], end="")
+        return 0
+    print(
+        f"submitted job array {out['job_id']} ({out['tasks']} tasks)\nsweep dir:   {out['sweep_dir']}\n"
+        f"TensorBoard: {out['tensorboard']}\nreport:      {out['report']}"
+    )
+    return 0
+
+
+def _sweep_task(a: argparse.Namespace) -> int:
+    from agent_r1.train.slurm import sweep_task
+
+    setup_logging("sweep")
+    return sweep_task(a.sweep_json, a.index)
+
+
 def _role(a: argparse.Namespace) -> int:
     from agent_r1.train.roles import run_role
 
@@ -261,6 +309,25 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     tr.set_defaults(fn=_train)
 
+    la = sub.add_parser("launch", help="submit a run to Slurm as one heterogeneous job (--dry-run prints it)")
+    la.add_argument(
+        "overrides", nargs="*", help="Hydra overrides, e.g. +experiment=qwen3_4b_gsm8k_tool_steppo_4n8g"
+    )
+    la.add_argument("--dry-run", action="store_true", help="print the sbatch script, submit nothing")
+    la.set_defaults(fn=_launch)
+
+    sw = sub.add_parser("sweep", help="a grid or list of overrides as one Slurm job array")
+    sw.add_argument("config", help="sweep YAML: name, base, grid | list, max_parallel")
+    sw.add_argument("overrides", nargs="*", help="extra overrides for every task")
+    sw.add_argument("--dry-run", action="store_true")
+    sw.add_argument("--out", help="sweep directory (default runs/sweeps/NAME)")
+    sw.set_defaults(fn=_sweep)
+
+    st = sub.add_parser("sweep-task", help="one task of a sweep (run by the job array)")
+    st.add_argument("sweep_json")
+    st.add_argument("index", type=int)
+    st.set_defaults(fn=_sweep_task)
+
     ro = sub.add_parser("role", help="run one role of a run (used by the launchers and Slurm jobs)")
     ro.add_argument("role", choices=["learner", "server", "teacher", "worker"])
     ro.add_argument("--run-dir", required=True)
@@ -277,7 +344,12 @@ def main(argv: list[str] | None = None) -> int:
     import signal
 
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `agent-r1 ... | head` ends quietly
-    a = build_parser().parse_args(argv)
+    parser = build_parser()
+    a, extra = parser.parse_known_args(argv)
+    if extra and isinstance(getattr(a, "overrides", None), list) and all("=" in x for x in extra):
+        a.overrides += extra  # Hydra overrides after an option: `train --print-config a=b`
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return a.fn(a)
 
 

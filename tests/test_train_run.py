@@ -12,109 +12,9 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import pyarrow.ipc as ipc
 import pytest
-
-from agent_r1.train.plot import read_scalars
-
-EXPECTED_TAGS = [
-    "eval/success",
-    "rollout/success",
-    "rollout/reward",
-    "rollout/steps_per_trajectory",
-    "rollout/tool_calls_per_trajectory",
-    "rollout/response_tokens_per_step",
-    "loss/pg",
-    "grad_norm",
-    "lr",
-    "entropy",
-    "time/generate",
-    "time/train",
-    "time/idle",
-    "weight_sync/seconds",
-    "staleness/max",
-    "mismatch/abs_logprob_diff_rollout_learner",
-    "throughput/train_tokens_per_s",
-    "policy/version",
-]
-
-
-def reduced(model: Path, run_dir: Path, *extra: str) -> list[str]:
-    return [
-        "+experiment=quickstart",
-        f"model.path={model}",
-        "model.build=null",
-        f"trainer.run_dir={run_dir}",
-        "trainer.iterations=2",
-        "trainer.eval_every=1",
-        "trainer.checkpoint_every=1",
-        "trainer.progress=false",
-        "trainer.timeout_s=240",
-        "sft.steps=3",
-        "sft.demos=16",
-        "recipe.train_size=16",
-        "recipe.test_size=4",
-        "rollout.prompts_per_iteration=4",
-        "rollout.group_size=4",
-        "rollout.max_action_tokens=24",
-        "rollout.ready_timeout_s=120",
-        *extra,
-    ]
-
-
-def train(args: list[str], timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "agent_r1.cli", "train", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def ledger(run_dir: Path) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "ledger.jsonl").read_text().splitlines() if x.strip()]
-
-
-def manifest(run_dir: Path, it: int) -> dict:
-    return json.loads((run_dir / "records" / f"iter_{it:06d}" / "manifest.json").read_text())
-
-
-def check_finished(r: subprocess.CompletedProcess, run_dir: Path, iterations: int) -> dict:
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    s = json.loads((run_dir / "summary.json").read_text())
-    for k in ("eval_success_start", "eval_success_end", "wall_seconds", "iterations", "algorithm"):
-        assert k in s
-    assert s["iterations"] == iterations
-    assert 0.0 <= s["eval_success_start"] <= 1.0 and 0.0 <= s["eval_success_end"] <= 1.0
-    assert (run_dir / "checkpoints" / f"iter_{iterations - 1:06d}" / "agent_r1_state.json").exists()
-    # every committed iteration was trained exactly once, on exactly the committed shards
-    entries = ledger(run_dir)
-    assert [e["iteration"] for e in entries] == list(range(iterations))
-    for e in entries:
-        m = manifest(run_dir, e["iteration"])
-        assert e["shards"] == {k: v["checksum"] for k, v in m["shards"].items()}
-        assert e["rows"] == m["rows"] > 0
-    assert "iter " in r.stdout and "tensorboard --logdir" in r.stdout  # console line + TB command
-    return s
-
-
-def check_events(run_dir: Path, iterations: int) -> dict[str, list]:
-    scalars = read_scalars(run_dir / "tensorboard")
-    for tag in EXPECTED_TAGS:
-        assert tag in scalars, f"{tag} missing from the event files; have {sorted(scalars)}"
-        assert all(math.isfinite(v) for _, v in scalars[tag]), (tag, scalars[tag])
-    assert [s for s, _ in scalars["rollout/success"]] == list(range(1, iterations + 1))
-    assert [s for s, _ in scalars["eval/success"]] == list(range(0, iterations + 1))
-    return scalars
-
-
-def read_records(run_dir: Path, it: int):
-    import pyarrow as pa
-
-    d = run_dir / "records" / f"iter_{it:06d}"
-    return pa.concat_tables([ipc.open_file(str(p)).read_all() for p in sorted(d.glob("shard_*.arrow"))])
+from train_checks import check_events, check_finished, ledger, manifest, read_records, reduced, train
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +112,7 @@ def test_kill_whole_run_then_resume(tiny_model_dir, tmp_path):
     check_finished(r, run, 4)
     # iteration 2's records were committed by the dead run: reused, not generated again
     assert manifest(run, 2) == committed
-    check_events(run, 4)
+    check_events(run, 4, eval_every=2)
 
 
 def test_rollout_server_killed_mid_iteration(tiny_model_dir, tmp_path):

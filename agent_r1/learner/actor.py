@@ -138,6 +138,8 @@ class Actor:
         at its own learning rate: assign the result to ``self.scheduler``)."""
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+        for group in self.optimizer.param_groups:  # megatron keeps the bounds per parameter group
+            group["max_lr"], group["min_lr"] = optim.lr, optim.min_lr
         return OptimizerParamScheduler(
             self.optimizer,
             init_lr=0.0 if optim.warmup_steps else optim.lr,

@@ -263,6 +263,7 @@ class ClusterConfig:
     requeue: bool = True
     signal_seconds: int = 300  # warning signal before the time limit (checkpoint and exit)
     extra_sbatch: list[str] = field(default_factory=list)
+    python: str | None = None  # interpreter on the nodes (default: the one running `agent-r1 launch`)
 
     def __post_init__(self) -> None:
         _check(

@@ -110,23 +110,21 @@ class Coordinator:
             write_task(self.rd, task)
 
     def collect(self, task: RolloutTask) -> dict[str, Any]:
-        """Wait for every worker's shard (with a progress bar), finalize the iteration, pool metrics."""
+        """Wait for every worker's shard (with a progress bar), finalize the iteration; episode
+        statistics from the committed records (also when a previous run generated them)."""
+        from agent_r1.records.reader import RecordStore
         from agent_r1.records.shard import finalize_iteration
+        from agent_r1.train.metrics import table_stats
 
         out_dir = self.rd.root / task.records_subdir
-        if self.finalized(task):
-            acks = [p for p in sorted(self.rd.tasks.glob(f"{task.name}.w*.done"))]
-            metrics = [read_json(p) for p in acks] or [{"reused": True}]
-        else:
-            metrics = self._wait(task)
+        acks: list[dict[str, Any]] = []
+        if not self.finalized(task):
+            acks = self._wait(task)
             finalize_iteration(out_dir, task.iteration, expected_writers=task.workers)
-        pooled: dict[str, Any] = {"reused": all(m.get("reused") for m in metrics)}
-        for m in metrics:
-            for k, v in m.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    pooled[k] = pooled.get(k, 0.0) + v
-        pooled["per_row_success"] = [x for m in metrics for x in m.get("per_row_success", [])]
-        return pooled
+        stats: dict[str, Any] = table_stats(RecordStore(out_dir).read(task.iteration, verify=False))
+        stats["reused"] = not acks or all(a.get("reused") for a in acks)
+        stats["generate_s"] = max((a.get("generate_s", 0.0) for a in acks), default=0.0)
+        return stats
 
     def _wait(self, task: RolloutTask) -> list[dict[str, Any]]:
         total = len(task.rows) * task.group_size
@@ -265,8 +263,9 @@ class Coordinator:
         if self.group is not None and sorted(servers) == sorted(self.group_servers):
             return
         self._drop_group()
-        host = servers[0].split("//")[1].rsplit(":", 1)[0]
-        self.group = WeightUpdateGroup(servers, master_address=_local_address(host))
+        from agent_r1.train.roles import node_address
+
+        self.group = WeightUpdateGroup(servers, master_address=node_address())
         self.loop.run_until_complete(self.group.init(timeout_s=self.cfg.rollout.ready_timeout_s))
         self.group_servers = list(servers)
         log.info("weight update group with %d server(s)", len(servers))
@@ -287,17 +286,3 @@ class Coordinator:
     def close(self) -> None:
         self._drop_group()
         self.loop.close()
-
-
-def _local_address(server_host: str) -> str:
-    """The address of this machine that a server at ``server_host`` can reach (loopback locally)."""
-    import socket
-
-    if server_host in ("127.0.0.1", "localhost"):
-        return "127.0.0.1"
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        s.connect((server_host, 9))
-        return s.getsockname()[0]
-    finally:
-        s.close()

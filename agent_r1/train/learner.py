@@ -202,7 +202,6 @@ class Learner:
 
         rng = random.Random(seed)
         losses = []
-        rl_scheduler = self.actor.scheduler
         c = self.cfg.sft
         sft = dataclasses.replace(
             self.actor.optim_cfg,
@@ -223,8 +222,7 @@ class Learner:
             if "loss/pg" in m:
                 losses.append(m["loss/pg"])
                 bar.set_postfix(nll=f"{m['loss/pg']:.3f}")
-        self.actor.scheduler = rl_scheduler
-        rl_scheduler.step(increment=0)  # back to the RL learning rate
+        self.actor.scheduler = self.actor.make_scheduler(self.actor.optim_cfg)  # back to the RL schedule
         return losses
 
     # ---- weights ---------------------------------------------------------------------------------

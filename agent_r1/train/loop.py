@@ -65,7 +65,7 @@ class Trainer:
             "eval": [],  # [iteration, success]
             "wall_seconds": 0.0,
         }
-        self.t_start = time.time()
+        self.t_start, self.wall_before = time.time(), 0.0
         self.codec = None
         if self.rank == 0:
             from transformers import AutoTokenizer
@@ -79,6 +79,7 @@ class Trainer:
         ckpt = find_checkpoint(self.rd, self.cfg.trainer.resume)
         if ckpt is not None:
             self.state.update(self.learner.load(ckpt))
+            self.wall_before = self.state["wall_seconds"]
             log.info(
                 "resumed from %s (iteration %d, version %d)",
                 ckpt,
@@ -185,7 +186,8 @@ class Trainer:
         dist.barrier()
 
     def wall(self) -> float:
-        return self.state["wall_seconds"] + (time.time() - self.t_start)
+        """Seconds of training over every launch of this run (a resumed run adds to its checkpoint's)."""
+        return self.wall_before + (time.time() - self.t_start)
 
     # ---- the loop --------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:

@@ -9,6 +9,40 @@ from typing import Any
 log = logging.getLogger("agent_r1.metrics")
 
 
+def _success(t: Any) -> float:
+    if "success" in t.metrics:
+        return float(t.metrics["success"])
+    last = t.steps[-1].info.get("reward", {}) if t.steps else {}
+    return float(bool(last.get("correct")))
+
+
+def episode_stats(trajs: list[Any]) -> dict[str, float]:
+    """Sums over trajectories (the coordinator divides): episodes, successes, reward, steps, tools."""
+    steps = [s for t in trajs for s in t.steps]
+    return {
+        "episodes": float(len(trajs)),
+        "success": sum(_success(t) for t in trajs),
+        "reward": sum(t.total_reward for t in trajs),
+        "steps": float(len(steps)),
+        "tool_calls": float(sum(t.num_tool_calls for t in trajs)),
+        "tool_errors": float(sum(s.info.get("num_tool_errors", 0) for s in steps)),
+        "action_tokens": float(sum(len(s.action_token_ids) for s in steps)),
+        "truncated": float(sum(1 for t in trajs if t.steps and t.steps[-1].truncated)),
+    }
+
+
+def table_stats(table: Any) -> dict[str, float]:
+    """``episode_stats`` of committed records (also for records a previous run generated)."""
+    from agent_r1.records.schema import Trajectory, records_from_table
+
+    trajs: dict[str, Any] = {}
+    for r in records_from_table(table):
+        trajs.setdefault(r.trajectory_id, Trajectory(r.trajectory_id, r.group_id)).steps.append(r)
+    for t in trajs.values():
+        t.steps.sort(key=lambda s: s.step_index)
+    return episode_stats(list(trajs.values()))
+
+
 def rollout_scalars(pooled: dict[str, Any], prefix: str = "rollout") -> dict[str, float]:
     """Per-trajectory means from the workers' summed episode statistics."""
     n = max(pooled.get("episodes", 0.0), 1.0)

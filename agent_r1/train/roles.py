@@ -128,7 +128,15 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
     setup_logging(name)
     _file_logging(rd, name)
     rd.publish_role(
-        name, {"host": socket.gethostname(), "address": env.address, "pid": os.getpid(), "env": env.source}
+        name,
+        {
+            "host": socket.gethostname(),
+            "node": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
+            "address": env.address,
+            "pid": os.getpid(),
+            "env": env.source,
+            "launch_id": env.launch_id,
+        },
     )
     if role == "learner":
         import warnings
@@ -144,6 +152,8 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
 
         folder = rd.servers if role == "server" else rd.teachers
         model = cfg.model.path if role == "server" else cfg.algorithm.teacher
+        if cfg.rollout.engine == "sglang":
+            return serve_sglang(model, env.address, folder / f"{name}.json", cfg)
         serve(
             model,
             env.address,
@@ -165,6 +175,50 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
     raise ValueError(f"unknown role {role!r}: learner, server, teacher or worker")
 
 
+def serve_sglang(model: str, address: str, ready_file: Path, cfg: Any) -> int:
+    """A real SGLang server on this node's GPU (GPU clusters only): started, health-checked, then
+    published like the embedded one, so the client and the coordinator cannot tell them apart."""
+    import signal
+    import urllib.request
+
+    port = free_port(address)
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model,
+        "--host",
+        address,
+        "--port",
+        str(port),
+        "--context-length",
+        str(cfg.model.max_len),
+        "--dtype",
+        cfg.model.dtype,
+    ]
+    proc = subprocess.Popen(cmd)
+    signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    url = f"http://{address}:{port}"
+    deadline = time.time() + cfg.rollout.ready_timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sglang.launch_server exited with {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(f"{url}/health_generate", timeout=30) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if time.time() > deadline:
+            proc.kill()
+            raise RoleTimeout(f"SGLang at {url} not healthy within {cfg.rollout.ready_timeout_s:.0f} s")
+        time.sleep(2)
+    atomic_write_json(ready_file, {"url": url, "model": model, "engine": "sglang"})
+    log.info("SGLang serving %s at %s", model, url)
+    return proc.wait()
+
+
 def _learner(cfg: Any, rd: RunDir, env: RoleEnv) -> int:
     import datetime
 
@@ -177,7 +231,8 @@ def _learner(cfg: Any, rd: RunDir, env: RoleEnv) -> int:
         raise ValueError(
             f"{env.world} learner ranks started but parallel.learner_ranks={cfg.parallel.learner_ranks}"
         )
-    torch.set_num_threads(max(1, int(os.environ.get("AGENT_R1_THREADS", "1"))))
+    threads = os.environ.get("AGENT_R1_THREADS") or os.environ.get("SLURM_CPUS_PER_TASK") or "1"
+    torch.set_num_threads(max(1, int(threads)))
     url = rendezvous(rd, env, cfg.trainer.timeout_s)
     dist.init_process_group(
         cfg.parallel.backend,

@@ -16,26 +16,11 @@ import pyarrow as pa
 
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.coordinator import servers_in
+from agent_r1.train.metrics import episode_stats
 from agent_r1.train.run_dir import RunDir
 from agent_r1.train.tasks import RoleTimeout, RolloutTask, acknowledge, pending_tasks
 
 log = logging.getLogger("agent_r1.worker")
-
-
-def trajectory_metrics(trajs: list[Any]) -> dict[str, float]:
-    """Episode statistics a task reports (means over trajectories) and sums the coordinator pools."""
-    n = len(trajs)
-    steps = [s for t in trajs for s in t.steps]
-    return {
-        "episodes": float(n),
-        "success": sum(t.metrics.get("success", 0.0) for t in trajs),
-        "reward": sum(t.total_reward for t in trajs),
-        "steps": float(len(steps)),
-        "tool_calls": float(sum(t.num_tool_calls for t in trajs)),
-        "tool_errors": float(sum(s.info.get("num_tool_errors", 0) for s in steps)),
-        "action_tokens": float(sum(len(s.action_token_ids) for s in steps)),
-        "truncated": float(sum(1 for t in trajs if t.steps and t.steps[-1].truncated)),
-    }
 
 
 async def servers_with_version(urls_fn, version: int, timeout_s: float) -> list[str]:
@@ -116,7 +101,6 @@ class Worker:
         return self._rows[split]
 
     def serve_forever(self, poll_s: float = 0.05) -> None:
-        self.rd.publish_role(f"worker_{self.index}", _where())
         log.info("worker %d ready (run dir %s)", self.index, self.rd.root)
         while not self.rd.stopping:
             tasks = pending_tasks(self.rd, self.index)
@@ -198,12 +182,8 @@ class Worker:
                 EXTRA_FIELDS["teacher_logprobs"], pa.array(lps, EXTRA_FIELDS["teacher_logprobs"].type)
             )
         meta = write_shard(out_dir, task.iteration, self.index, table)
-        metrics = trajectory_metrics(trajs)
+        metrics = episode_stats(trajs)
         metrics.update(rows=meta.rows, generate_s=gen_s, total_s=time.time() - t0)
-        if task.kind == "eval":
-            metrics["per_row_success"] = [
-                [pos, t.metrics.get("success", 0.0)] for (pos, _), t in zip(share, trajs, strict=True)
-            ]
         log.info(
             "%s: %d episodes, success %.3f, %d rows, %.1f s",
             task.name,
@@ -213,10 +193,3 @@ class Worker:
             metrics["total_s"],
         )
         return metrics
-
-
-def _where() -> dict[str, Any]:
-    import os
-    import socket
-
-    return {"host": socket.gethostname(), "pid": os.getpid()}

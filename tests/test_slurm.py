@@ -1,0 +1,286 @@
+"""Slurm-native launch against a real local cluster (tools/local_slurm.sh: slurmctld + two slurmd,
+nodes n1 = 127.0.1.1 and n2 = 127.0.1.2 on this host), started for this module and stopped after.
+
+`launch --dry-run` of a GPU preset checked field by field; a 2-node het job (learner on n1, rollout
+roles on n2); a job array sweep with its report; `scontrol requeue` of a running job resumes with
+no record lost or trained twice; mpi4py `records advantages` under `srun --mpi=pmix` on 2 nodes
+equals the one-process result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+import pytest
+from omegaconf import OmegaConf
+from train_checks import check_events, check_finished, ledger, reduced
+
+from agent_r1.records.reader import RecordStore
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tools" / "local_slurm.sh"
+
+
+def sh(args: list[str], env: dict, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"{args} failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return r
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """SLURM_CONF environment of a fresh 2-node cluster (installed with apt when missing)."""
+    if os.geteuid() != 0:
+        pytest.skip("the local Slurm cluster needs root (apt-get, slurmd)")
+    base = tmp_path_factory.mktemp("slurm")
+    os.chmod(base, 0o755)
+    env = {**os.environ, "LOCAL_SLURM_PORT": "18817", "LOCAL_SLURM_CPUS": "2"}
+    env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
+    try:
+        sh(["bash", str(SCRIPT), "start", str(base)], env, timeout=600)
+        env["SLURM_CONF"] = str(base / "etc" / "slurm.conf")
+        yield env
+    finally:
+        subprocess.run(["bash", str(SCRIPT), "stop", str(base)], env=env, capture_output=True, timeout=120)
+
+
+def agent_r1(args: list[str], env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    return sh([sys.executable, "-m", "agent_r1.cli", *args], env, timeout)
+
+
+def wait_job(job: str, env: dict, timeout: float = 400) -> list[str]:
+    """Until the job (all components / array tasks) leaves the queue; its final states."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not sh(["squeue", "-h", "-j", job], env, check=False).stdout.strip():
+            break
+        time.sleep(0.5)
+    else:
+        sh(["scancel", job], env, check=False)
+        raise AssertionError(f"job {job} still queued after {timeout} s")
+    out = sh(["scontrol", "show", "job", job], env, check=False).stdout
+    return re.findall(r"JobState=(\w+)", out)
+
+
+def submitted_id(stdout: str) -> str:
+    m = re.search(r"submitted job(?: array)? (\d+)", stdout)
+    assert m, stdout
+    return m.group(1)
+
+
+def test_local_slurm_status(slurm):
+    out = sh(["bash", str(SCRIPT), "status", str(Path(slurm["SLURM_CONF"]).parents[1])], slurm).stdout
+    assert "slurmctld: running" in out and "slurmd-n1: running" in out and "slurmd-n2: running" in out
+    assert re.search(r"debug\*\s+up\s+\S+\s+2\s+idle\s+n\[1-2\]", out)
+
+
+def test_launch_dry_run_gpu_preset_field_by_field(tmp_path):
+    run = tmp_path / "q4b"
+    r = agent_r1(
+        [
+            "launch",
+            "+experiment=qwen3_4b_gsm8k_tool_steppo_4n8g",
+            f"trainer.run_dir={run}",
+            "cluster.account=rl",
+            "cluster.qos=high",
+            "cluster.network_interface=ib0",
+            "cluster.container_image='nvcr.io#nvidia/pytorch:25.01-py3'",
+            "cluster.container_mounts=['/shared:/shared']",
+            "--dry-run",
+        ],
+        dict(os.environ),
+    )
+    script = r.stdout
+    assert not run.exists()  # a dry run creates nothing
+    head, _, rest = script.partition("#SBATCH hetjob\n")
+    learner = re.findall(r"^#SBATCH (\S+)$", head, re.M)
+    rollout = re.findall(r"^#SBATCH (\S+)$", rest, re.M)
+    assert learner == [
+        "--job-name=agent-r1-qwen3_4b_gsm8k_tool_steppo_4n8g",
+        "--time=24:00:00",
+        "--partition=gpu",
+        "--account=rl",
+        "--qos=high",
+        f"--output={run}/logs/slurm-%j.out",
+        "--open-mode=append",
+        "--requeue",
+        "--signal=B:USR1@300",
+        "--nodes=4",
+        "--ntasks-per-node=8",  # one learner rank per GPU: 32 = TP2 x PP2 x DP8
+        "--cpus-per-task=8",
+        "--gpus-per-node=8",
+        "--mem=0",
+    ]
+    assert rollout == [
+        "--nodes=2",
+        "--ntasks-per-node=9",
+        "--cpus-per-task=8",
+        "--gpus-per-node=8",
+        "--mem=0",
+    ]
+    sruns = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert len(sruns) == 3
+    server, worker, learner_step = sruns
+    for line, group, n, nodes, role in (
+        (server, 1, 16, 2, "server"),
+        (worker, 1, 2, 2, "worker"),
+        (learner_step, 0, 32, 4, "learner"),
+    ):
+        assert f"--het-group={group} " in line and f"--ntasks={n} " in line and f"--nodes={nodes} " in line
+        assert f"role {role} --run-dir {run}" in line
+        assert "--container-image=nvcr.io#nvidia/pytorch:25.01-py3" in line
+        assert "--container-mounts=/shared:/shared" in line
+    assert "--gpus-per-task=1" in server and "--gpus-per-task=1" in learner_step
+    assert "--gpus-per-task=1" not in worker
+    assert "export NCCL_SOCKET_IFNAME=ib0 GLOO_SOCKET_IFNAME=ib0" in script
+    assert "source .venv/bin/activate" in script  # cluster.setup
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in script and "trap 'REQUEUE=1; stop_run USR1' USR1" in script
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0  # valid shell
+
+
+def test_launch_rejects_bad_layout(tmp_path):
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent_r1.cli",
+            "launch",
+            "+experiment=qwen3_4b_gsm8k_tool_steppo_4n8g",
+            "cluster.gpus_per_node=4",
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and "cluster.gpus_per_node" in r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "agent_r1.cli", "launch", "+experiment=quickstart", "--dry-run"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and "cluster.launcher" in r.stderr
+
+
+def test_het_job_two_nodes(slurm, tiny_model_dir, tmp_path):
+    run = tmp_path / "het"
+    r = agent_r1(["launch", *reduced(tiny_model_dir, run, "cluster=slurm_cpu")], slurm)
+    job = submitted_id(r.stdout)
+    assert f"tensorboard --logdir {run}/tensorboard" in r.stdout
+    states = wait_job(job, slurm)
+    out = (run / "logs" / f"slurm-{job}.out").read_text()
+    assert set(states) == {"COMPLETED"}, out[-3000:]
+    s = check_finished(subprocess.CompletedProcess([], 0, out, ""), run, 2)
+    assert s["iterations"] == 2
+    check_events(run, 2)
+    roles = {p.stem: json.loads(p.read_text()) for p in (run / "control" / "roles").glob("*.json")}
+    assert roles["learner_0"]["node"] == "n1" and roles["learner_0"]["address"] == "127.0.1.1"
+    assert roles["server_0"]["node"] == "n2" and roles["server_0"]["address"] == "127.0.1.2"
+    assert roles["worker_0"]["node"] == "n2"
+    assert all(r["env"] == "SLURM_PROCID" for r in roles.values())
+    server_url = json.loads((run / "control" / "servers" / "server_0.json").read_text())["url"]
+    assert server_url.startswith("http://127.0.1.2:")
+
+
+def test_job_array_sweep_and_report(slurm, tiny_model_dir, tmp_path):
+    spec = tmp_path / "sweep.yaml"
+    base = reduced(
+        tiny_model_dir, tmp_path / "unused", "trainer.iterations=1", "sft.steps=0", "trainer.plot=false"
+    )
+    base = [a for a in base if not a.startswith("trainer.run_dir=")]
+    spec.write_text(
+        json.dumps(
+            {
+                "name": "t",
+                "base": base,
+                "grid": {"algorithm": ["grpo", "steppo"], "optim.lr": [1e-4, 1e-3]},
+                "max_parallel": 2,
+            }
+        )
+    )
+    out_dir = tmp_path / "sweep"
+    r = agent_r1(["sweep", str(spec), "cluster=slurm_cpu", "--out", str(out_dir)], slurm)
+    job = submitted_id(r.stdout)
+    assert "4 tasks" in r.stdout
+    states = wait_job(job, slurm, timeout=500)
+    assert states and set(states) == {"COMPLETED"}, [
+        p.read_text()[-1500:] for p in sorted((out_dir / "logs").glob("*.out"))
+    ]
+    tasks = json.loads((out_dir / "sweep.json").read_text())["tasks"]
+    assert [t["overrides"] for t in tasks] == [
+        ["algorithm=grpo", "optim.lr=0.0001"],
+        ["algorithm=grpo", "optim.lr=0.001"],
+        ["algorithm=steppo", "optim.lr=0.0001"],
+        ["algorithm=steppo", "optim.lr=0.001"],
+    ]
+    for i, t in enumerate(tasks):
+        run = out_dir / f"task_{i:03d}"
+        s = json.loads((run / "summary.json").read_text())
+        assert s["algorithm"] == t["overrides"][0].split("=")[1] and s["iterations"] == 1
+        assert list((run / "tensorboard").glob("events.out.tfevents.*"))  # its own TensorBoard run
+        cfg = OmegaConf.load(run / "config.yaml")
+        assert cfg.optim.lr == float(t["overrides"][1].split("=")[1])
+    rep = sh([sys.executable, str(ROOT / "tools" / "sweep_report.py"), str(out_dir)], slurm).stdout
+    lines = [x for x in rep.splitlines() if x.startswith("| ") and "task" not in x]
+    assert len(lines) == 4 and all("| done |" in x for x in lines), rep
+
+
+def test_requeue_resumes_without_losing_or_repeating_records(slurm, tiny_model_dir, tmp_path):
+    run = tmp_path / "requeue"
+    args = reduced(tiny_model_dir, run, "cluster=slurm_cpu", "trainer.iterations=4", "trainer.eval_every=2")
+    job = submitted_id(agent_r1(["launch", *args], slurm).stdout)
+    deadline = time.time() + 300
+    while not (run / "records" / "iter_000001" / "manifest.json").exists():
+        assert time.time() < deadline, "iteration 1 never committed"
+        time.sleep(0.1)
+    sh(["scontrol", "requeue", job], slurm)
+    states = wait_job(job, slurm, timeout=400)
+    out = (run / "logs" / f"slurm-{job}.out").read_text()
+    assert set(states) == {"COMPLETED"}, out[-3000:]
+    assert "(restart 0)" in out and "(restart 1)" in out and "DUE TO JOB REQUEUE" in out
+    assert "resumed from" in (run / "logs" / "learner_0.log").read_text()
+    check_finished(subprocess.CompletedProcess([], 0, out, ""), run, 4)
+    assert [e["iteration"] for e in ledger(run)] == [0, 1, 2, 3]
+    check_events(run, 4, eval_every=2)
+
+
+def test_mpi4py_advantages_under_srun_pmix(slurm, tmp_path):
+    recs = tmp_path / "records"
+    agent_r1(["records", "synth", "--trajectories", "120", "--group-size", "4", "--out", str(recs)], slurm)
+    cli = ["records", "advantages", str(recs), "--estimator", "gae", "--gamma", "0.9"]
+    agent_r1([*cli, "--out", str(tmp_path / "one")], slurm)
+    r = sh(
+        [
+            "srun",
+            "-N2",
+            "-n2",
+            "--mpi=pmix",
+            sys.executable,
+            "-m",
+            "agent_r1.cli",
+            *cli,
+            "--out",
+            str(tmp_path / "two"),
+        ],
+        slurm,
+        timeout=300,
+    )
+    assert "r1/2" in r.stdout  # two MPI ranks, one per node
+
+    def load(d):
+        t = RecordStore(d).read(0)
+        t = t.take(pc.sort_indices(t, [("trajectory_id", "ascending"), ("step_index", "ascending")]))
+        return t.column("trajectory_id").to_pylist(), np.array(t.column("advantage").to_pylist())
+
+    ids1, a1 = load(tmp_path / "one")
+    ids2, a2 = load(tmp_path / "two")
+    assert ids1 == ids2 and len(ids1) > 200
+    np.testing.assert_allclose(a1, a2, atol=1e-9)
