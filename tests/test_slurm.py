@@ -143,7 +143,8 @@ def test_launch_dry_run_gpu_preset_field_by_field(tmp_path):
     assert "--gpus-per-task=1" not in worker
     assert "export NCCL_SOCKET_IFNAME=ib0 GLOO_SOCKET_IFNAME=ib0" in script
     assert "source .venv/bin/activate" in script  # cluster.setup
-    assert 'scontrol requeue "$SLURM_JOB_ID"' in script and "trap 'REQUEUE=1; stop_run USR1' USR1" in script
+    assert "trap 'REQUEUE=1; stop_run USR1' USR1" in script  # the time-limit warning -> checkpoint
+    assert 'sbatch --parsable --dependency=afterany:$SLURM_JOB_ID "$RUN_DIR/job.sbatch"' in script
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0  # valid shell
 
 
@@ -284,3 +285,60 @@ def test_mpi4py_advantages_under_srun_pmix(slurm, tmp_path):
     ids2, a2 = load(tmp_path / "two")
     assert ids1 == ids2 and len(ids1) > 200
     np.testing.assert_allclose(a1, a2, atol=1e-9)
+
+
+def test_time_limit_signal_checkpoints_and_continues_in_a_successor_job(slurm, tiny_model_dir, tmp_path):
+    """USR1 (what --signal=B:USR1@N sends before the time limit) -> the coordinator checkpoints after
+    the current iteration and exits -> the job submits its successor -> which resumes and finishes."""
+    run = tmp_path / "usr1"
+    args = reduced(
+        tiny_model_dir,
+        run,
+        "cluster=slurm_cpu",
+        "trainer.iterations=4",
+        "trainer.eval_every=4",
+        "trainer.checkpoint_every=4",  # the only mid-run checkpoint is the one the signal asks for
+    )
+    job = submitted_id(agent_r1(["launch", *args], slurm).stdout)
+    deadline = time.time() + 300
+    while not (run / "records" / "iter_000000" / "manifest.json").exists():
+        assert time.time() < deadline, "iteration 0 never committed"
+        time.sleep(0.1)
+    sh(["scancel", "--batch", "--signal=USR1", job], slurm)
+    assert set(wait_job(job, slurm, timeout=300)) == {"COMPLETED"}
+    first = (run / "logs" / f"slurm-{job}.out").read_text()
+    successor = (run / "control" / "slurm_job_id").read_text().strip()
+    assert successor != job and f"the run continues in job {successor}" in first, first[-3000:]
+    assert "USR1: asking the coordinator" in first
+    states = wait_job(successor, slurm, timeout=300)
+    out = (run / "logs" / f"slurm-{successor}.out").read_text()
+    assert set(states) == {"COMPLETED"}, out[-3000:]
+    log = (run / "logs" / "learner_0.log").read_text()
+    assert "stop requested" in log and "resumed from" in log
+    check_finished(subprocess.CompletedProcess([], 0, out, ""), run, 4)
+    assert [e["iteration"] for e in ledger(run)] == [0, 1, 2, 3]
+
+
+def test_launch_colocated_dry_run(tmp_path):
+    r = agent_r1(
+        [
+            "launch",
+            "+experiment=quickstart",
+            "cluster=slurm_cpu",
+            "cluster.colocated=true",
+            "parallel=cpu_dp2",
+            "rollout.workers=2",
+            f"trainer.run_dir={tmp_path / 'colo'}",
+            "--dry-run",
+        ],
+        dict(os.environ),
+    )
+    assert "#SBATCH hetjob" not in r.stdout and "--het-group" not in r.stdout
+    assert "#SBATCH --nodes=1" in r.stdout and "#SBATCH --ntasks-per-node=2" in r.stdout
+    sruns = [x for x in r.stdout.splitlines() if x.startswith("srun ")]
+    assert [("role server" in x, "role worker" in x, "role learner" in x) for x in sruns] == [
+        (True, False, False),
+        (False, True, False),
+        (False, False, True),
+    ]
+    assert "--ntasks=2" in sruns[1] and "--ntasks=2" in sruns[2] and all("--overlap" in x for x in sruns)

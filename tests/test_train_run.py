@@ -52,10 +52,18 @@ def test_grpo_two_iterations(tiny_model_dir, tmp_path):
 def test_steppo_async_two_iterations(tiny_model_dir, tmp_path):
     run = tmp_path / "steppo"
     r = train(
-        reduced(tiny_model_dir, run, "algorithm=steppo", "rollout.mode=async", "rollout.max_staleness=1")
+        reduced(
+            tiny_model_dir,
+            run,
+            "algorithm=steppo",
+            "rollout.mode=async",
+            "rollout.max_staleness=1",
+            "algorithm.policy.tis_cap=2.0",
+        )
     )
     check_finished(r, run, 2)
     scalars = check_events(run, 2)
+    assert all(0 < v <= 2.0 for _, v in scalars["tis/weight_mean"])  # importance weights, capped
     # iteration 1 was generated while iteration 0 trained: one version behind the learner
     assert dict(scalars["staleness/max"])[2] == 1.0
 

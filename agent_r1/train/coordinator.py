@@ -20,7 +20,14 @@ from tqdm import tqdm
 
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.run_dir import RunDir, read_json
-from agent_r1.train.tasks import RoleTimeout, RolloutTask, forget_tasks_after, task_name, write_task
+from agent_r1.train.tasks import (
+    RoleTimeout,
+    RolloutTask,
+    StopRequested,
+    forget_tasks_after,
+    task_name,
+    write_task,
+)
 
 log = logging.getLogger("agent_r1.coordinator")
 
@@ -61,8 +68,9 @@ def servers_in(directory: Path) -> list[str]:
 
 
 class Coordinator:
-    def __init__(self, cfg: TrainConfig, rd: RunDir, alive: Any = None):
+    def __init__(self, cfg: TrainConfig, rd: RunDir, alive: Any = None, should_stop: Any = None):
         self.cfg, self.rd, self.alive = cfg, rd, alive
+        self.should_stop = should_stop or (lambda: False)
         self.loop = asyncio.new_event_loop()
         self.group = None  # WeightUpdateGroup
         self.group_servers: list[str] = []
@@ -155,6 +163,8 @@ class Coordinator:
                 bar.update(done - bar.n)
                 if self.alive is not None:
                     self.alive()
+                if self.should_stop():
+                    raise StopRequested(task.name)
                 if time.time() > deadline:
                     raise RoleTimeout(
                         f"rollout task {task.name}: workers {missing} did not finish within "

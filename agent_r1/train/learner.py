@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from agent_r1.train.config import TrainConfig, bridge_config
 
@@ -158,6 +159,13 @@ class Learner:
         offsets = np.cumsum([0] + [len(t) for t in trajs])
         rng = random.Random(self.cfg.trainer.seed * 1_000_003 + iteration)
         step_metrics = []
+        bar = tqdm(
+            total=a.epochs * k,
+            desc=f"train {iteration}",
+            unit="step",
+            leave=False,
+            disable=not (self.cfg.trainer.progress and dist.get_rank() == 0),
+        )
         for epoch in range(a.epochs):
             order = list(range(len(trajs)))
             if epoch:
@@ -184,6 +192,8 @@ class Learner:
                     crit = self.critic.train_step(mb.trajectories, pick(returns), old_v)
                     m.update({f"critic/{kk}": vv for kk, vv in crit.items()})
                 step_metrics.append(m)
+                bar.update(1)
+        bar.close()
         metrics.update(_mean_metrics(step_metrics))
         metrics["train/optimizer_steps"] = float(len(step_metrics))
         metrics["train/tokens"] = float(

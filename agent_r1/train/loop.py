@@ -25,6 +25,7 @@ from agent_r1.train.coordinator import Coordinator, checkpoint_path, find_checkp
 from agent_r1.train.learner import Learner, prepare
 from agent_r1.train.metrics import Reporter, console_line, rollout_scalars, sample_text
 from agent_r1.train.run_dir import RunDir, atomic_write_json, read_json
+from agent_r1.train.tasks import StopRequested
 
 log = logging.getLogger("agent_r1.train")
 
@@ -56,7 +57,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, rd: RunDir, alive: Any = None):
         self.cfg, self.rd = cfg, rd
         self.rank = dist.get_rank()
-        self.coord = Coordinator(cfg, rd, alive) if self.rank == 0 else None
+        self.coord = Coordinator(cfg, rd, alive, self.stop_requested) if self.rank == 0 else None
         self.learner = Learner(cfg)
         self.state: dict[str, Any] = {
             "iteration": -1,  # last iteration whose update the weights contain
@@ -73,6 +74,9 @@ class Trainer:
             from agent_r1.agent.chat import ChatCodec
 
             self.codec = ChatCodec(AutoTokenizer.from_pretrained(cfg.model.path))
+
+    def stop_requested(self) -> bool:
+        return _STOP["signal"] is not None or self.rd.stopping
 
     # ---- phases ----------------------------------------------------------------------------------
     def resume(self) -> None:
@@ -157,16 +161,23 @@ class Trainer:
         dist.barrier()
         return seconds
 
-    def evaluate(self, iteration: int) -> float:
-        """Greedy success on the held-out split with the servers' current weights."""
-        success = 0.0
+    def evaluate(self, iteration: int) -> float | None:
+        """Greedy success on the held-out split with the servers' current weights (None when a
+        stop request interrupted it)."""
+        success = None
         if self.coord is not None:
             task = self.coord.task("eval", iteration + 1, self.state["version"])
             self.coord.issue(task)
-            pooled = self.coord.collect(task)
-            success = pooled.get("success", 0.0) / max(pooled.get("episodes", 0.0), 1.0)
-            self.state["eval"].append([iteration + 1, success])
-            self.reporter.scalars({"eval/success": success, **rollout_scalars(pooled, "eval")}, iteration + 1)
+            try:
+                pooled = self.coord.collect(task)
+            except StopRequested:
+                pooled = None
+            if pooled is not None:
+                success = pooled.get("success", 0.0) / max(pooled.get("episodes", 0.0), 1.0)
+                self.state["eval"].append([iteration + 1, success])
+                self.reporter.scalars(
+                    {"eval/success": success, **rollout_scalars(pooled, "eval")}, iteration + 1
+                )
         return _bcast(success)
 
     def checkpoint(self, iteration: int) -> None:
@@ -208,9 +219,17 @@ class Trainer:
                 t0 = time.time()
                 for k in range(it, min(it + ahead, tr.iterations - 1) + 1):
                     self.coord.issue(self.coord.task("train", k, self.state["version"]))
-                pooled = self.coord.collect(self.coord.task("train", it, self.state["version"]))
+                try:
+                    pooled = self.coord.collect(self.coord.task("train", it, self.state["version"]))
+                except StopRequested:
+                    pooled = None
                 times["time/generate"] = time.time() - t0
-            dist.barrier()
+            if _bcast(pooled is None):  # stopped while waiting for records: keep what is trained
+                if it > 0:
+                    self.checkpoint(it - 1)
+                log.warning("stop requested during rollout of iteration %d: checkpointed, exiting", it)
+                preempted = True
+                break
             t0 = time.time()
             table = self.learner.read(self.rd.records, it)
             times["time/read"] = time.time() - t0
@@ -223,11 +242,14 @@ class Trainer:
                 self.coord.record_consumed(it, self.state["version"])
             self.state["iteration"] = it
             last = it == tr.iterations - 1
-            if (tr.eval_every and (it + 1) % tr.eval_every == 0) or last:
+            # a stop request (signal, STOP file): no evaluation (workers may be gone), checkpoint now
+            stop = _any_rank(_STOP["signal"] is not None or self.rd.stopping) and not last
+            if ((tr.eval_every and (it + 1) % tr.eval_every == 0) or last) and not stop:
                 t0 = time.time()
-                m["eval/success"] = self.evaluate(it)
+                success = self.evaluate(it)
+                if success is not None:
+                    m["eval/success"] = success
                 times["time/eval"] = time.time() - t0
-            stop = _any_rank(_STOP["signal"] is not None or self.rd.stopping)
             if (tr.checkpoint_every and (it + 1) % tr.checkpoint_every == 0) or last or stop:
                 t0 = time.time()
                 self.checkpoint(it)

@@ -16,6 +16,10 @@ from typing import Any
 from agent_r1.train.run_dir import RunDir, atomic_write_json, read_json
 
 
+class StopRequested(Exception):
+    """A stop was requested (signal or STOP file) while waiting on another role."""
+
+
 class RoleTimeout(TimeoutError):
     """Another role did not answer in time; the message says which and where to look."""
 
