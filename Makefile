@@ -27,6 +27,8 @@ smollm2: install
 bench: tiny-model smollm2
 	$(PY) tools/bench/advantage.py
 	$(PY) tools/bench/rollout.py --model $(TINY) --model $(SMOLLM2)
+	$(PY) tools/bench/learner.py
+	$(PY) tools/bench/trainer.py
 
 test: install
 	$(VENV)/bin/ruff check .

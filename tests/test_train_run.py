@@ -10,11 +10,19 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
-from train_checks import check_events, check_finished, ledger, manifest, read_records, reduced, train
+from train_checks import (
+    check_events,
+    check_finished,
+    ledger,
+    manifest,
+    read_records,
+    reduced,
+    start_train,
+    train,
+)
 
 
 @pytest.fixture(scope="module")
@@ -101,12 +109,7 @@ def _wait_for(cond, timeout: float, what: str):
 def test_kill_whole_run_then_resume(tiny_model_dir, tmp_path):
     run = tmp_path / "resume"
     args = reduced(tiny_model_dir, run, "trainer.iterations=4", "trainer.eval_every=2")
-    p = subprocess.Popen(
-        [sys.executable, "-m", "agent_r1.cli", "train", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    p = start_train(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         # kill -9 everything once iteration 2's records are committed but before it is trained
         _wait_for(lambda: (run / "records" / "iter_000002" / "manifest.json").exists(), 300, "iteration 2")
@@ -126,13 +129,7 @@ def test_kill_whole_run_then_resume(tiny_model_dir, tmp_path):
 def test_rollout_server_killed_mid_iteration(tiny_model_dir, tmp_path):
     run = tmp_path / "serverkill"
     args = reduced(tiny_model_dir, run, "rollout.servers=2", "rollout.max_action_tokens=48")
-    p = subprocess.Popen(
-        [sys.executable, "-m", "agent_r1.cli", "train", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    p = start_train(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         task = run / "control" / "tasks" / "train_000000.json"
         _wait_for(task.exists, 300, "the first rollout task")

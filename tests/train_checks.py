@@ -108,3 +108,10 @@ def read_records(run_dir: Path, it: int):
 
     d = run_dir / "records" / f"iter_{it:06d}"
     return pa.concat_tables([ipc.open_file(str(p)).read_all() for p in sorted(d.glob("shard_*.arrow"))])
+
+
+def start_train(args: list[str], **popen) -> subprocess.Popen:
+    """`agent-r1 train` in its own session, so a test can kill -9 the whole run at once."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "agent_r1.cli", "train", *args], start_new_session=True, **popen
+    )

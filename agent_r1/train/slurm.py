@@ -149,30 +149,14 @@ def render_job(cfg: TrainConfig, rd: RunDir, workdir: str | Path | None = None) 
     roll_nodes = lay.learner_nodes if lay.colocated else lay.rollout_nodes
     learn_group = None if lay.colocated else 0
     gpu_opt = ["--gpus-per-task=1"] if c.gpus_per_node else []
-    steps = [
-        _srun(
-            cfg,
-            roll_group,
-            lay.servers,
-            min(roll_nodes, lay.servers),
-            [*py, "role", "server", "--run-dir", run],
-            gpu_opt,
-        )
-        + " &",
-        _srun(
-            cfg,
-            roll_group,
-            lay.workers,
-            min(roll_nodes, lay.workers),
-            [*py, "role", "worker", "--run-dir", run],
-        )
-        + " &",
-    ]
+    rollout_roles = [("server", lay.servers, gpu_opt, []), ("worker", lay.workers, [], [])]
     if cfg.algorithm.teacher:
-        steps.append(
-            _srun(cfg, roll_group, 1, 1, [*py, "role", "teacher", "--run-dir", run, "--index", "0"], gpu_opt)
-            + " &"
-        )
+        rollout_roles.append(("teacher", 1, gpu_opt, ["--index", "0"]))
+    steps = [
+        _srun(cfg, roll_group, n, min(roll_nodes, n), [*py, "role", role, "--run-dir", run, *idx], opts)
+        + " &"
+        for role, n, opts, idx in rollout_roles
+    ]
     learner = _srun(
         cfg,
         learn_group,
