@@ -144,3 +144,24 @@ def test_rollout_server_killed_mid_iteration(tiny_model_dir, tmp_path):
     for it in range(2):  # every episode of every iteration made it
         assert manifest(run, it)["num_trajectories"] == 4 * 4
     assert [e["iteration"] for e in ledger(run)] == [0, 1]
+
+
+def test_ppo_with_critic_and_reference_kl(tiny_model_dir, tmp_path):
+    run = tmp_path / "ppo"
+    r = train(
+        reduced(
+            tiny_model_dir,
+            run,
+            "algorithm=ppo",
+            "algorithm.reference=true",
+            "algorithm.policy.kl_coef=0.05",
+            "algorithm.mini_batches=2",
+        )
+    )
+    check_finished(r, run, 2)
+    scalars = check_events(run, 2)
+    for tag in ("critic/value_loss", "loss/kl", "adv/mean"):
+        assert tag in scalars and all(math.isfinite(v) for _, v in scalars[tag]), tag
+    assert all(v == 2.0 for _, v in scalars["train/optimizer_steps"])  # two mini-batches
+    # the critic is checkpointed beside the policy
+    assert (run / "checkpoints" / "iter_000001.critic" / "agent_r1_state.json").exists()

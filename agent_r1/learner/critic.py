@@ -18,12 +18,13 @@ class ValueHead(torch.nn.Module):
 
     def __init__(self, hidden: int, dtype: torch.dtype):
         super().__init__()
-        self.proj = torch.nn.Linear(hidden, 1, bias=True, dtype=dtype)
-        torch.nn.init.zeros_(self.proj.weight)
-        torch.nn.init.zeros_(self.proj.bias)
+        # named like the layer it replaces (output_layer.weight/.bias), so Megatron's checkpointing
+        # of the language model finds them
+        self.weight = torch.nn.Parameter(torch.zeros(1, hidden, dtype=dtype))
+        self.bias = torch.nn.Parameter(torch.zeros(1, dtype=dtype))
 
     def forward(self, hidden: torch.Tensor, weight: Any = None, **kwargs: Any):
-        return self.proj(hidden), None
+        return torch.nn.functional.linear(hidden, self.weight, self.bias), None
 
 
 class Critic(Actor):

@@ -137,7 +137,6 @@ class RolloutConfig:
     servers: int = 1  # rollout servers started by the launcher
     workers: int = 1  # rollout worker processes (agent flows, environments, tools)
     urls: list[str] = field(default_factory=list)  # engine=external: running servers
-    router: bool = False  # put the real sglang-router in front of the servers
     group_size: int = 8  # samples per prompt (n)
     prompts_per_iteration: int = 16
     temperature: float = 1.0
