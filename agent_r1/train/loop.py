@@ -15,6 +15,7 @@ import json
 import logging
 import signal
 import time
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -45,6 +46,15 @@ def _any_rank(flag: bool) -> bool:
     t = torch.tensor([int(flag)], dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
+
+
+@contextmanager
+def _timed(times: dict[str, float], key: str):
+    t0 = time.time()
+    try:
+        yield
+    finally:
+        times[key] = time.time() - t0
 
 
 def _bcast(obj: Any) -> Any:
@@ -202,58 +212,35 @@ class Trainer:
 
     # ---- the loop --------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        cfg, tr = self.cfg, self.cfg.trainer
+        tr = self.cfg.trainer
         self.resume()
         self.warm_start()
         self.push_weights()
         first = self.state["iteration"] + 1
         if not self.state["eval"]:
             self.evaluate(first - 1)
-        ahead = cfg.rollout.max_staleness if cfg.rollout.mode == "async" else 0
         preempted = False
         for it in range(first, tr.iterations):
-            t_iter = time.time()
-            times: dict[str, float] = {}
-            pooled: dict[str, Any] = {}
-            if self.coord is not None:  # this iteration's records (issued earlier in async mode)
-                t0 = time.time()
-                for k in range(it, min(it + ahead, tr.iterations - 1) + 1):
-                    self.coord.issue(self.coord.task("train", k, self.state["version"]))
-                try:
-                    pooled = self.coord.collect(self.coord.task("train", it, self.state["version"]))
-                except StopRequested:
-                    pooled = None
-                times["time/generate"] = time.time() - t0
-            if _bcast(pooled is None):  # stopped while waiting for records: keep what is trained
+            t_iter, times = time.time(), {}
+            pooled = self.rollout(it, times)  # this iteration's records (prefetched in async mode)
+            if pooled is None:  # stopped while waiting for them: keep what is trained
                 if it > 0:
                     self.checkpoint(it - 1)
-                log.warning("stop requested during rollout of iteration %d: checkpointed, exiting", it)
+                log.warning("stop requested during the rollout of iteration %d: checkpointed, exiting", it)
                 preempted = True
                 break
-            t0 = time.time()
-            table = self.learner.read(self.rd.records, it)
-            times["time/read"] = time.time() - t0
-            t0 = time.time()
-            m = self.learner.update(table, self.state["version"], it)
-            times["time/train"] = time.time() - t0
-            self.state["version"] += 1
-            times["time/weight_sync"] = self.push_weights()
-            if self.coord is not None:
-                self.coord.record_consumed(it, self.state["version"])
-            self.state["iteration"] = it
+            table, m = self.update(it, times)  # read, update, push weights, ledger
             last = it == tr.iterations - 1
             # a stop request (signal, STOP file): no evaluation (workers may be gone), checkpoint now
-            stop = _any_rank(_STOP["signal"] is not None or self.rd.stopping) and not last
+            stop = _any_rank(self.stop_requested()) and not last
             if ((tr.eval_every and (it + 1) % tr.eval_every == 0) or last) and not stop:
-                t0 = time.time()
-                success = self.evaluate(it)
+                with _timed(times, "time/eval"):
+                    success = self.evaluate(it)
                 if success is not None:
                     m["eval/success"] = success
-                times["time/eval"] = time.time() - t0
             if (tr.checkpoint_every and (it + 1) % tr.checkpoint_every == 0) or last or stop:
-                t0 = time.time()
-                self.checkpoint(it)
-                times["time/checkpoint"] = time.time() - t0
+                with _timed(times, "time/checkpoint"):
+                    self.checkpoint(it)
             if self.rank == 0:
                 self.report(it, m, pooled, times, time.time() - t_iter, table)
             if stop:
@@ -267,6 +254,33 @@ class Trainer:
             self.coord.close()
         self.reporter.close()
         return summary
+
+    def rollout(self, it: int, times: dict[str, float]) -> dict[str, Any] | None:
+        """Issue this iteration's task (and, in async mode, the next ``max_staleness`` ones) and wait
+        for its committed records; their statistics on rank 0, ``{}`` elsewhere, None on a stop."""
+        ahead = self.cfg.rollout.max_staleness if self.cfg.rollout.mode == "async" else 0
+        pooled: dict[str, Any] | None = {}
+        if self.coord is not None:
+            with _timed(times, "time/generate"):
+                for k in range(it, min(it + ahead, self.cfg.trainer.iterations - 1) + 1):
+                    self.coord.issue(self.coord.task("train", k, self.state["version"]))
+                try:
+                    pooled = self.coord.collect(self.coord.task("train", it, self.state["version"]))
+                except StopRequested:
+                    pooled = None
+        return None if _bcast(pooled is None) else pooled
+
+    def update(self, it: int, times: dict[str, float]):
+        with _timed(times, "time/read"):
+            table = self.learner.read(self.rd.records, it)
+        with _timed(times, "time/train"):
+            m = self.learner.update(table, self.state["version"], it)
+        self.state["version"] += 1
+        times["time/weight_sync"] = self.push_weights()
+        if self.coord is not None:
+            self.coord.record_consumed(it, self.state["version"])
+        self.state["iteration"] = it
+        return table, m
 
     def report(
         self,
