@@ -1,11 +1,10 @@
 """One rank of the learner checks: PPO steps on a fixed batch reduce the loss at DP2, TP2 and PP2;
 a checkpoint saved at TP1 (DP2) resumes at TP2 and at PP2 with the identical next-step loss."""
 
-import json
 import sys
 
 import torch
-import torch.distributed as dist
+from megatron_rank import finish, gather_first, init_rank, synth_trajectories
 
 
 def batch_loss(actor, batch):
@@ -25,9 +24,7 @@ def batch_loss(actor, batch):
             loss_config("ppo"),
         )
         out = [float(loss)]
-    allv = [None] * dist.get_world_size()
-    dist.all_gather_object(allv, out[0])
-    return next(v for v in allv if v is not None)
+    return gather_first(out[0])
 
 
 def main() -> None:
@@ -39,32 +36,18 @@ def main() -> None:
         sys.argv[5],
         sys.argv[6],
     )
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    init_rank(rank, world, port)
     import megatron.core  # noqa: F401
     from megatron.core import parallel_state as ps
     from transformers import AutoConfig
 
     from agent_r1.learner.actor import Actor, OptimConfig, StepBatchForLearner
     from agent_r1.learner.cpu_compat import apply
-    from agent_r1.learner.packing import trajectories_from_records
-    from agent_r1.records.schema import records_from_table
-    from agent_r1.records.synth import synth_table
     from megatron_bridge import BridgeConfig
 
     apply()
     vocab = AutoConfig.from_pretrained(model_dir).vocab_size
-    t = synth_table(
-        6,
-        group_size=2,
-        max_steps=4,
-        seed=2,
-        prompt_len=(5, 10),
-        action_len=(2, 5),
-        feedback_len=(1, 3),
-        vocab=vocab,
-    )
-    trajs = trajectories_from_records(records_from_table(t))
+    trajs = synth_trajectories(vocab, seed=2)
     g = torch.Generator().manual_seed(0)
     n_steps = sum(len(x) for x in trajs)
     adv = (torch.randint(0, 2, (n_steps,), generator=g) * 2 - 1).float().tolist()
@@ -114,27 +97,19 @@ def main() -> None:
         tp, pp = map(int, layout.split("x"))
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
         a = Actor(model_dir, BridgeConfig(tp=tp, pp=pp), optim)
-        before = batch_loss(a, batch)
         a.load(ckpt)
         results[f"next_loss_{layout}"] = batch_loss(a, batch)
-        ls = [before]
         fresh = Actor(model_dir, BridgeConfig(tp=tp, pp=pp), optim)
         fresh_old = fresh.logprobs(trajs)  # collective: every rank runs the schedule
         # every rank needs the old logprobs: take them from the last stage
-        objs = [None] * world
-        dist.all_gather_object(objs, fresh_old)
-        b2 = StepBatchForLearner(trajs, next(o for o in objs if o is not None), adv)
+        b2 = StepBatchForLearner(trajs, gather_first(fresh_old), adv)
         ls = [batch_loss(fresh, b2)]
         for _ in range(3):
             fresh.train_step(b2, "ppo")
             ls.append(batch_loss(fresh, b2))
         results[f"losses_{layout}"] = ls
         ps.destroy_model_parallel()
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(results, f, indent=1)
-    dist.barrier()
-    dist.destroy_process_group()
+    finish(rank, results, out)
 
 
 if __name__ == "__main__":

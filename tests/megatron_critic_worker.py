@@ -2,17 +2,10 @@
 PP2; prefix-merged step-start values equal per-step computation; a frozen reference policy gives
 the actor's initial logprobs."""
 
-import json
 import sys
 
 import torch
-import torch.distributed as dist
-
-
-def gather_first(x, world):
-    objs = [None] * world
-    dist.all_gather_object(objs, x)
-    return next(o for o in objs if o is not None)
+from megatron_rank import finish, gather_first, init_rank, synth_trajectories
 
 
 def main() -> None:
@@ -23,8 +16,7 @@ def main() -> None:
         sys.argv[4],
         sys.argv[5],
     )
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    init_rank(rank, world, port)
     import megatron.core  # noqa: F401
     from megatron.core import parallel_state as ps
     from transformers import AutoConfig
@@ -32,24 +24,11 @@ def main() -> None:
     from agent_r1.learner.actor import Actor, OptimConfig
     from agent_r1.learner.cpu_compat import apply
     from agent_r1.learner.critic import Critic
-    from agent_r1.learner.packing import trajectories_from_records
-    from agent_r1.records.schema import records_from_table
-    from agent_r1.records.synth import synth_table
     from megatron_bridge import BridgeConfig
 
     apply()
     vocab = AutoConfig.from_pretrained(model_dir).vocab_size
-    t = synth_table(
-        6,
-        group_size=2,
-        max_steps=4,
-        seed=5,
-        prompt_len=(5, 10),
-        action_len=(2, 5),
-        feedback_len=(1, 3),
-        vocab=vocab,
-    )
-    trajs = trajectories_from_records(records_from_table(t))
+    trajs = synth_trajectories(vocab, seed=5)
     split = [[{**s, "prefix_len": 0}] for steps in trajs for s in steps]  # every step its own sequence
     n = sum(len(x) for x in trajs)
     returns = torch.linspace(-1, 1, n).tolist()
@@ -76,11 +55,7 @@ def main() -> None:
             abs(x - y) for sa, sb in zip(a_lp, r_lp, strict=True) for x, y in zip(sa, sb, strict=True)
         )
         ps.destroy_model_parallel()
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(results, f, indent=1)
-    dist.barrier()
-    dist.destroy_process_group()
+    finish(rank, results, out)
 
 
 if __name__ == "__main__":

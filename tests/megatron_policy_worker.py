@@ -1,11 +1,11 @@
 """One rank of the packed-policy checks: prefix-merged packed logprobs through Megatron (TP/PP)
 equal per-step recomputation with the HF model; the vocab-parallel backward equals autograd."""
 
-import json
 import sys
 
 import torch
 import torch.distributed as dist
+from megatron_rank import finish, forward_only, init_rank, synth_trajectories
 
 
 def main() -> None:
@@ -16,25 +16,13 @@ def main() -> None:
         sys.argv[4],
         sys.argv[5],
     )
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # for the HF reference, before the process group exists
     from transformers import AutoModelForCausalLM
 
-    from agent_r1.learner.packing import pack, token_logprobs, trajectories_from_records
-    from agent_r1.records.schema import records_from_table
-    from agent_r1.records.synth import synth_table
+    from agent_r1.learner.packing import pack, token_logprobs
 
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
-    t = synth_table(
-        4,
-        group_size=2,
-        max_steps=5,
-        seed=1,
-        prompt_len=(5, 12),
-        action_len=(2, 6),
-        feedback_len=(1, 4),
-        vocab=hf.config.vocab_size,
-    )
-    trajs = trajectories_from_records(records_from_table(t))
+    trajs = synth_trajectories(hf.config.vocab_size, n=4, seed=1, max_steps=5, longer=True)
     ref = []
     with torch.no_grad():
         for steps in trajs:
@@ -47,10 +35,9 @@ def main() -> None:
     ref = torch.cat(ref)
     packed = pack(trajs)
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    init_rank(rank, world, port)
     import megatron.core  # noqa: F401
     from megatron.core import parallel_state as ps
-    from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from safetensors.torch import load_file
     from transformers import AutoConfig
@@ -86,28 +73,8 @@ def main() -> None:
 
             return out, loss
 
-        with torch.no_grad():
-            get_forward_backward_func()(
-                forward_step_func=step,
-                data_iterator=iter([None]),
-                model=[model],
-                num_microbatches=1,
-                seq_length=packed.num_tokens,
-                micro_batch_size=1,
-                forward_only=True,
-            )
+        forward_only(model, step, packed.num_tokens)
         diff = float((got["lp"].double() - ref).abs().max()) if "lp" in got else None
-        if "lp" in got and diff > 1e-5 and rank == 0:
-            bad = ((got["lp"].double() - ref).abs() > 1e-5).nonzero()[:10, 0]
-            print(
-                "DEBUG",
-                layout,
-                bad.tolist(),
-                packed.label_pos[bad].tolist(),
-                packed.label_step[bad].tolist(),
-                packed.cu_seqlens.tolist(),
-                flush=True,
-            )
         allres = [None] * world
         dist.all_gather_object(allres, diff)
         results[layout] = max(d for d in allres if d is not None)
@@ -133,11 +100,7 @@ def main() -> None:
     dist.all_gather_object(allg, (grad_diff, value_diff))
     results["vocab_parallel_grad_diff"] = max(a for a, _ in allg)
     results["vocab_parallel_value_diff"] = max(b for _, b in allg)
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(results, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    finish(rank, results, out, indent=None)
 
 
 if __name__ == "__main__":

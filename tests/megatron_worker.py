@@ -6,18 +6,18 @@ Megatron's pipeline schedule, compare logits with the HF model (float64 referenc
 and export the weights back to HF names (compared bit for bit with the originals).
 """
 
-import json
 import os
 import sys
 
 import torch
 import torch.distributed as dist
+from megatron_rank import finish, forward_only, init_rank
 
 
 def main() -> None:
     rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     models, layouts, out = sys.argv[4].split(","), sys.argv[5].split(","), sys.argv[6]
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # for the HF references, before the process group exists
     from transformers import AutoModelForCausalLM
 
     ids = torch.tensor([[3, 17, 5, 9, 22, 40, 7, 1, 13, 2], [8, 8, 30, 4, 11, 6, 19, 27, 0, 5]])
@@ -28,10 +28,9 @@ def main() -> None:
         ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).eval()
         with torch.no_grad():
             ref_logits[path] = ref(input_ids=ids).logits
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    init_rank(rank, world, port)
     import megatron.core  # noqa: F401
     from megatron.core import parallel_state as ps
-    from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from safetensors.torch import load_file
@@ -62,16 +61,7 @@ def main() -> None:
 
                 return out, loss
 
-            with torch.no_grad():
-                get_forward_backward_func()(
-                    forward_step_func=step,
-                    data_iterator=iter([None]),
-                    model=[model],
-                    num_microbatches=1,
-                    seq_length=ids.shape[1],
-                    micro_batch_size=ids.shape[0],
-                    forward_only=True,
-                )
+            forward_only(model, step, ids.shape[1], ids.shape[0])
             diff = None
             if ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0:
                 megatron_logits = (
@@ -99,11 +89,7 @@ def main() -> None:
                     }
                 )
             ps.destroy_model_parallel()
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(results, f, indent=1)
-    dist.barrier()
-    dist.destroy_process_group()
+    finish(rank, results, out)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,8 @@ def test_overrides_apply():
         ("trainer.resume=/no/such/checkpoint", "trainer.resume"),
         ("algorithm=ppo algorithm.critic=false", "algorithm.critic"),
         ("algorithm.policy.kl_coef=0.1", "algorithm.reference"),
+        ("model.dtype=float16", "model.dtype"),
+        ("model.fp8_recipe=bogus", "model.fp8_recipe"),
     ],
 )
 def test_bad_config_fails_naming_the_key(override, names):

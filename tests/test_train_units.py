@@ -84,6 +84,31 @@ def test_noisy_demonstrator_replayed_through_the_agent_flow(codec):
         assert f"\\boxed{{{answer}}}" in codec.decode(t.steps[-1].action_token_ids)
 
 
+def test_stats_from_record_columns_equal_stats_from_trajectories(codec):
+    """The coordinator's column-only statistics of committed records agree with the trajectories'
+    own (success from the flow's scoring vs from the terminal step's info)."""
+    from agent_r1.agent.flow import FlowConfig
+    from agent_r1.records.schema import records_to_table
+    from agent_r1.train.metrics import STATS_COLUMNS, episode_stats, table_stats
+    from agent_r1.train.sft import demonstration_records
+    from recipes import load_all, load_recipe
+
+    load_all()
+    recipe = load_recipe("arithmetic_tool")
+    rows = recipe.build_rows("train", 30, seed=2, difficulty=1)
+    trajs = demonstration_records(recipe, rows, codec, FlowConfig(max_steps=2), seed=1, tool_rate=0.6)
+    cut = demonstration_records(recipe, rows[:10], codec, FlowConfig(max_steps=1), seed=1, tool_rate=1.0)
+    for t in cut:  # out of steps after the tool call: truncated, unanswered
+        for s in t.steps:
+            s.trajectory_id = t.trajectory_id = f"cut-{t.trajectory_id}"
+    trajs += cut
+    table = records_to_table([s for t in trajs for s in t.steps]).select(STATS_COLUMNS)
+    want = episode_stats(trajs)
+    assert 0 < want["success"] < want["episodes"] == 40  # right (tool), wrong (guess), truncated
+    assert want["truncated"] > 0 and want["tool_calls"] > 0
+    assert table_stats(table) == pytest.approx(want)
+
+
 def test_plot_and_read_scalars(tmp_path: Path):
     from agent_r1.train.metrics import Reporter
     from agent_r1.train.plot import plot_run, read_scalars

@@ -54,13 +54,7 @@ class ModelConfig:
     fp8_recipe: str = "delayed"
     max_len: int = 2048  # rollout server context length
 
-    def __post_init__(self) -> None:
-        _check(
-            self.dtype in ("float32", "bfloat16"), "model.dtype", f"float32 or bfloat16, got {self.dtype!r}"
-        )
-        _check(
-            self.precision in ("default", "fp8"), "model.precision", f"default or fp8, got {self.precision!r}"
-        )
+    def __post_init__(self) -> None:  # dtype, precision, fp8_recipe: BridgeConfig checks those
         _check(self.max_len >= 16, "model.max_len", f"must be >= 16, got {self.max_len}")
 
 
@@ -329,6 +323,7 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def __post_init__(self) -> None:
+        bridge_config(self)  # the learner's own checks of model.dtype / precision / fp8_recipe, tp, pp
         _check(
             self.cluster.launcher == "slurm" or self.parallel.backend == "gloo",
             "parallel.backend",

@@ -122,14 +122,16 @@ class Coordinator:
         statistics from the committed records (also when a previous run generated them)."""
         from agent_r1.records.reader import RecordStore
         from agent_r1.records.shard import finalize_iteration
-        from agent_r1.train.metrics import table_stats
+        from agent_r1.train.metrics import STATS_COLUMNS, table_stats
 
         out_dir = self.rd.root / task.records_subdir
         acks: list[dict[str, Any]] = []
         if not self.finalized(task):
             acks = self._wait(task)
             finalize_iteration(out_dir, task.iteration, expected_writers=task.workers)
-        stats: dict[str, Any] = table_stats(RecordStore(out_dir).read(task.iteration, verify=False))
+        stats: dict[str, Any] = table_stats(
+            RecordStore(out_dir).read(task.iteration, verify=False, columns=STATS_COLUMNS)
+        )
         stats["reused"] = not acks or all(a.get("reused") for a in acks)
         stats["generate_s"] = max((a.get("generate_s", 0.0) for a in acks), default=0.0)
         return stats

@@ -11,7 +11,6 @@ summary.json
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import time
@@ -345,4 +344,4 @@ def run_learner(cfg: TrainConfig, rd: RunDir, alive: Any = None) -> dict[str, An
 
 
 def read_summary(rd: RunDir) -> dict[str, Any]:
-    return read_json(rd.summary) if rd.summary.exists() else json.loads("{}")
+    return read_json(rd.summary) if rd.summary.exists() else {}

@@ -31,16 +31,34 @@ def episode_stats(trajs: list[Any]) -> dict[str, float]:
     }
 
 
-def table_stats(table: Any) -> dict[str, float]:
-    """``episode_stats`` of committed records (also for records a previous run generated)."""
-    from agent_r1.records.schema import Trajectory, records_from_table
+STATS_COLUMNS = ["trajectory_id", "reward", "process_reward", "done", "truncated", "info", "action_token_ids"]
 
-    trajs: dict[str, Any] = {}
-    for r in records_from_table(table):
-        trajs.setdefault(r.trajectory_id, Trajectory(r.trajectory_id, r.group_id)).steps.append(r)
-    for t in trajs.values():
-        t.steps.sort(key=lambda s: s.step_index)
-    return episode_stats(list(trajs.values()))
+
+def table_stats(table: Any) -> dict[str, float]:
+    """``episode_stats`` of committed records (also for records a previous run generated), from the
+    columns alone: no token list is turned into Python objects. Needs ``STATS_COLUMNS``."""
+    import json
+
+    import pyarrow.compute as pc
+
+    done = table.column("done").to_numpy(zero_copy_only=False).astype(bool)
+    info = table.column("info").to_pylist()
+    terminal = [json.loads(info[i]) for i in done.nonzero()[0]]
+    errors = sum(json.loads(x).get("num_tool_errors", 0) for x in info if "num_tool_errors" in x)
+
+    def total(col) -> float:
+        return float(pc.sum(col).as_py() or 0.0)
+
+    return {
+        "episodes": float(len(pc.unique(table.column("trajectory_id")))),
+        "success": float(sum(bool(t.get("reward", {}).get("correct")) for t in terminal)),
+        "reward": total(table.column("reward")),
+        "steps": float(table.num_rows),
+        "tool_calls": total(pc.list_value_length(table.column("process_reward"))),
+        "tool_errors": float(errors),
+        "action_tokens": total(pc.list_value_length(table.column("action_token_ids"))),
+        "truncated": float((done & table.column("truncated").to_numpy(zero_copy_only=False)).sum()),
+    }
 
 
 def rollout_scalars(pooled: dict[str, Any], prefix: str = "rollout") -> dict[str, float]:

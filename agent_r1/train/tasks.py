@@ -76,27 +76,6 @@ def acknowledge(rd: RunDir, task: RolloutTask, worker: int, metrics: dict[str, A
     atomic_write_json(rd.tasks / f"{task.name}.w{worker}.done", metrics)
 
 
-def wait_for_task(
-    rd: RunDir, task: RolloutTask, timeout_s: float, alive: Any = None, poll_s: float = 0.05
-) -> list[dict[str, Any]]:
-    """Block until every worker acknowledged ``task``; their metrics in worker order.
-    ``alive()`` (optional) raises if a role died, so a crash is reported at once, not at timeout."""
-    deadline = time.time() + timeout_s
-    paths = [rd.tasks / f"{task.name}.w{k}.done" for k in range(task.workers)]
-    while True:
-        missing = [k for k, p in enumerate(paths) if not p.exists()]
-        if not missing:
-            return [read_json(p) for p in paths]
-        if alive is not None:
-            alive()
-        if time.time() > deadline:
-            raise RoleTimeout(
-                f"rollout task {task.name}: workers {missing} did not finish within {timeout_s:.0f} s "
-                f"(see {rd.logs}/worker_*.log)"
-            )
-        time.sleep(poll_s)
-
-
 def forget_tasks_after(rd: RunDir, iteration: int) -> None:
     """On resume: tasks the dead run issued beyond the checkpoint are issued again (identically)."""
     for p in rd.tasks.iterdir():

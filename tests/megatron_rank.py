@@ -1,0 +1,64 @@
+"""What every spawned Megatron test rank does around its checks (tests/megatron_*_worker.py)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+import torch.distributed as dist
+
+
+def init_rank(rank: int, world: int, port: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+
+
+def gather_first(x, world: int | None = None):
+    """The first non-None ``x`` over the ranks (e.g. a result only the last pipeline stage has)."""
+    objs = [None] * (world or dist.get_world_size())
+    dist.all_gather_object(objs, x)
+    return next(o for o in objs if o is not None)
+
+
+def synth_trajectories(vocab: int, n: int = 6, seed: int = 2, max_steps: int = 4, longer: bool = False):
+    """Small synthetic append-mode trajectories as the learner's step dicts."""
+    from agent_r1.learner.packing import trajectories_from_records
+    from agent_r1.records.schema import records_from_table
+    from agent_r1.records.synth import synth_table
+
+    t = synth_table(
+        n,
+        group_size=2,
+        max_steps=max_steps,
+        seed=seed,
+        prompt_len=(5, 12) if longer else (5, 10),
+        action_len=(2, 6) if longer else (2, 5),
+        feedback_len=(1, 4) if longer else (1, 3),
+        vocab=vocab,
+    )
+    return trajectories_from_records(records_from_table(t))
+
+
+def forward_only(model, step, seq_length: int, micro_batch_size: int = 1) -> None:
+    """One micro-batch through Megatron's pipeline schedule without gradients."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    with torch.no_grad():
+        get_forward_backward_func()(
+            forward_step_func=step,
+            data_iterator=iter([None]),
+            model=[model],
+            num_microbatches=1,
+            seq_length=seq_length,
+            micro_batch_size=micro_batch_size,
+            forward_only=True,
+        )
+
+
+def finish(rank: int, results, out: str, indent: int | None = 1) -> None:
+    """Rank 0 writes the results; everyone leaves the process group together."""
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(results, f, indent=indent)
+    dist.barrier()
+    dist.destroy_process_group()
