@@ -1,6 +1,7 @@
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -96,19 +97,59 @@ def test_group_shares_the_prompt_prefill(engine, codec):
     prompt = _prompt(
         codec, "Dev has 40 stamps. Then Dev gives away 12 stamps. How many stamps does Dev have now?"
     )
-    before = engine.stats["prefill_tokens"]
+    before, cascade = engine.stats["prefill_tokens"], engine.stats["shared_prefix_steps"]
     reqs = engine.generate_sync(
         prompt, {"temperature": 1.0, "max_new_tokens": 8, "n": 4, "sampling_seed": 1, "ignore_eos": True}
     )
     prefilled = engine.stats["prefill_tokens"] - before
-    # once, not 4 times: each sibling recomputes only the prompt's last token (for its logits)
-    assert prefilled == len(prompt) + 3
-    assert sorted(r.cached_tokens for r in reqs) == [0] + [len(prompt) - 1] * 3
+    # once, not 4 times: the siblings fork from the first one's KV and next-token logits
+    assert prefilled == len(prompt)
+    assert sorted(r.cached_tokens for r in reqs) == [0] + [len(prompt)] * 3
     assert len({tuple(r.out_ids) for r in reqs}) > 1
+    assert engine.stats["shared_prefix_steps"] > cascade
+    # the group decodes attending over its shared prompt once (cascade attention); each sample
+    # equals the same seeded sample run alone, tokens and logprobs
+    for i, r in enumerate(reqs):
+        (alone,) = engine.generate_sync(
+            prompt,
+            {"temperature": 1.0, "max_new_tokens": 8, "sampling_seed": 1 + i, "ignore_eos": True},
+            return_logprob=True,
+        )
+        assert alone.out_ids == r.out_ids
+        np.testing.assert_allclose(alone.out_logprobs, r.out_logprobs, atol=1e-5)
     # a later step extending prompt + output reuses the cached prefix
     nxt = prompt + reqs[0].out_ids + codec.encode("\n")
     (r2,) = engine.generate_sync(nxt, {"temperature": 0, "max_new_tokens": 2})
     assert r2.cached_tokens >= len(prompt) + len(reqs[0].out_ids) - 1
+
+
+def test_cascade_attention_equals_per_slot_attention(tiny_model_dir):
+    """Groups of slots with equal KV prefixes of different lengths (leaders anywhere, a singleton):
+    decoding with the shared-prefix plan gives the logits of plain per-slot attention."""
+    from agent_r1.rollout.slot_model import SlotModel
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    sm = SlotModel(model, slots=10, max_len=96)
+    g = torch.Generator().manual_seed(0)
+    sm.k.copy_(torch.randn(sm.k.shape, generator=g))
+    sm.v.copy_(torch.randn(sm.v.shape, generator=g))
+    shared = [(20, [3, 0, 5]), (25, [1, 2, 7, 9]), (20, [4]), (30, [8, 6])]
+    for p, slots in shared:
+        for s in slots[1:]:
+            sm.copy_slot(slots[0], s, p)
+    pos = torch.tensor([40, 27, 60, 33, 30, 21, 50, 26, 31, 70])  # each >= its group's prefix
+    ids = torch.randint(0, model.config.vocab_size, (10,), generator=g)
+    k0, v0 = sm.k.clone(), sm.v.clone()
+    plain = sm.decode(ids, pos)
+    sm.k.copy_(k0)
+    sm.v.copy_(v0)
+    cascade = sm.decode(ids, pos, shared)
+    torch.testing.assert_close(cascade, plain, rtol=1e-5, atol=1e-5)
+    # and it is not the same as ignoring the prefix: the plan is really used
+    sm.k.copy_(k0)
+    sm.v.copy_(v0)
+    sm.k[:, 3, :, :20] = 0.0  # the leader of the first group: its prefix is what slots 0 and 5 read
+    assert not torch.allclose(sm.decode(ids, pos, shared)[0], plain[0], atol=1e-3)
 
 
 def test_stop_rules(engine, codec, tokenizer):

@@ -2,9 +2,12 @@
 sampling and control semantics. One scheduler thread owns the model; other threads submit
 requests and issue control operations between scheduler steps.
 
-A step: admit waiting requests (reusing the longest cached or running prefix, so the ``n`` samples
-of a group prefill their prompt once) -> chunked prefill under a token budget -> one decode token
-for every running request -> retire finished requests (their KV may stay in the prefix cache).
+A step: admit waiting requests (reusing the longest cached or running prefix) -> chunked prefill
+under a token budget; a request whose prefill completes forks the waiting requests with the same
+tokens (the other ``n`` samples of its group: a KV copy and the same next-token logits, so a group
+prefills its prompt once) -> one decode token for every running request, attending over a group's
+shared prompt once for all its samples -> retire finished requests (their KV may stay in the
+prefix cache).
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ class Request:
     finished_at: float = 0.0
     gen: torch.Generator | None = None  # own generator when seeded, else the engine's shared one
     stops: frozenset[int] = frozenset()  # stop token ids (+ EOS unless ignore_eos)
+    # (key, P): KV positions 0..P-1 are the same as those of every running request with this key
+    # (the samples of one group); decode attends over that shared prefix once per group
+    shared: tuple[int, int] | None = None
 
     @property
     def tokens(self) -> list[int]:
@@ -148,8 +154,15 @@ class Engine:
         self._waiters = 0  # control calls waiting for the lock: the scheduler yields to them
         self._waiters_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._share_keys = itertools.count()
         self._rng = torch.Generator().manual_seed(int(time.time_ns() % (1 << 31)))
-        self.stats = {"generated_tokens": 0, "prefill_tokens": 0, "cached_tokens": 0, "steps": 0}
+        self.stats = {
+            "generated_tokens": 0,
+            "prefill_tokens": 0,
+            "cached_tokens": 0,
+            "steps": 0,
+            "shared_prefix_steps": 0,
+        }
 
     def _eos_ids(self, cfg: Any) -> set[int]:
         eos = getattr(cfg, "eos_token_id", None)
@@ -290,7 +303,7 @@ class Engine:
                 self.abort(abort_all=True)
             elif mode == "retract":
                 for r in reversed(self.running):
-                    r.state, r.slot, r.computed = "waiting", -1, 0
+                    r.state, r.slot, r.computed, r.shared = "waiting", -1, 0, None
                     r.retractions += 1
                     self.waiting.appendleft(r)
                 self.running = []
@@ -409,18 +422,20 @@ class Engine:
         return False
 
     def _admit(self) -> None:
+        """Admit waiting requests in order; one that shares its prompt with a request still
+        prefilling waits (it will be forked from it) and does not hold back the ones behind it."""
+        held: list[Request] = []
         while self.waiting and len(self.running) < self.max_running:
-            r = self.waiting[0]
+            r = self.waiting.popleft()
             if r.state == "done":
-                self.waiting.popleft()
                 continue
             toks = np.asarray(r.tokens, dtype=np.int64)
             if self._blocked_by_sibling(toks):
-                return
-            self.waiting.popleft()
+                held.append(r)
+                continue
             r.slot = len(self.running)
             self.running.append(r)
-            r.state = "prefill"
+            r.state, r.shared = "prefill", None
             match = 0
             if r.logprob_start_len < 0:  # prompt logprobs need the whole prompt computed
                 best_run, best_len = None, 0
@@ -432,6 +447,8 @@ class Engine:
                 match = min(max(best_len, cache_len), len(toks) - 1)
                 if match > 0 and best_len >= cache_len and best_run is not None:
                     self.sm.copy_slot(best_run.slot, r.slot, match)
+                    if best_run.shared is not None and best_run.shared[1] <= best_len:
+                        r.shared = best_run.shared
                 elif match > 0:
                     _, k, v = self.cache.entries[key]
                     self.sm.load_slot(r.slot, k[:, :, :match], v[:, :, :match])
@@ -439,6 +456,7 @@ class Engine:
             self.stats["cached_tokens"] += match
             if r.logprob_start_len >= 0:
                 self._input_logprobs(r)
+        self.waiting.extendleft(reversed(held))
 
     def _input_logprobs(self, r: Request) -> None:
         with torch.inference_mode():
@@ -469,10 +487,38 @@ class Engine:
             self.stats["prefill_tokens"] += len(ids)
             if r.computed == r.length:
                 r.state = "decode"
-                done.append(r)
-                rows.append(i)
+                forks = self._fork(r)
+                done += [r, *forks]
+                rows += [i] * (1 + len(forks))
         if done:
             self._emit(done, logits[rows])
+
+    def _fork(self, r: Request) -> list[Request]:
+        """Start the waiting requests whose tokens equal ``r``'s (just prefilled) from a copy of its
+        KV; they sample from the same logits row. All of them then share ``r``'s KV prefix."""
+        forks, keep = [], deque()
+        for w in self.waiting:
+            if (
+                len(self.running) < self.max_running
+                and w.state == "waiting"
+                and w.logprob_start_len < 0
+                and w.length == r.length
+                and w.tokens == r.tokens
+            ):
+                w.slot, w.state = len(self.running), "decode"
+                self.running.append(w)
+                self.sm.copy_slot(r.slot, w.slot, r.computed)
+                w.computed = w.cached_tokens = r.computed
+                self.stats["cached_tokens"] += r.computed
+                forks.append(w)
+            else:
+                keep.append(w)
+        if forks:
+            self.waiting = keep
+            r.shared = (next(self._share_keys), r.computed)
+            for w in forks:
+                w.shared = r.shared
+        return forks
 
     def _decode(self) -> None:
         rows = [i for i, r in enumerate(self.running) if r.state == "decode" and r.finish is None]
@@ -484,11 +530,23 @@ class Engine:
             pos[i] = min(r.computed, self.max_len - 1)
             if r.state == "decode" and r.finish is None:
                 ids[i] = r.out_ids[-1]
-        logits = self.sm.decode(torch.tensor(ids), torch.tensor(pos))
+        shared = self._shared_prefixes()
+        self.stats["shared_prefix_steps"] += shared is not None
+        logits = self.sm.decode(torch.tensor(ids), torch.tensor(pos), shared)
         reqs = [self.running[i] for i in rows]
         for r in reqs:
             r.computed += 1
         self._emit(reqs, logits[rows] if len(rows) < len(self.running) else logits)
+
+    def _shared_prefixes(self) -> list[tuple[int, list[int]]] | None:
+        """(P, slots) per group of running requests sharing their first P KV positions, when every
+        running request belongs to one and some group has several members; else None."""
+        groups: dict[int, tuple[int, list[int]]] = {}
+        for r in self.running:
+            if r.shared is None:
+                return None
+            groups.setdefault(r.shared[0], (r.shared[1], []))[1].append(r.slot)
+        return list(groups.values()) if len(groups) < len(self.running) else None
 
     def _emit(self, reqs: list[Request], logits: torch.Tensor) -> None:
         """Sample the next token of each request from its row of ``logits`` (B, V); record it and
@@ -496,7 +554,12 @@ class Engine:
         logits = logits[:, : self.vocab_size]
         banned = [sorted(r.stops) if len(r.out_ids) < r.sampling.min_new_tokens else None for r in reqs]
         toks, lps, probs = sample_batch(
-            logits, [r.sampling for r in reqs], [r.gen for r in reqs], banned, self._rng
+            logits,
+            [r.sampling for r in reqs],
+            [r.gen for r in reqs],
+            banned,
+            self._rng,
+            want_probs=any(r.top_logprobs_num for r in reqs),
         )
         self.stats["generated_tokens"] += len(reqs)
         for i, (r, tok, lp) in enumerate(zip(reqs, toks, lps, strict=True)):

@@ -85,13 +85,15 @@ def sample_batch(
     gens: list[torch.Generator | None],
     banned: list[list[int] | None],
     shared: torch.Generator,
-) -> tuple[list[int], list[float], torch.Tensor]:
+    want_probs: bool = False,
+) -> tuple[list[int], list[float], torch.Tensor | None]:
     """Sample one token per row of ``logits`` (B, V) with per-row settings.
 
     Draws use inverse-CDF sampling (a binary search of one uniform per row), the uniform taken from
     the request's own generator when it has a ``sampling_seed`` (reproducible whatever else is in
     the batch). Returns tokens, their logprobs under softmax(logits / T) before truncation, and
-    those probabilities (B, V) for top-logprob reporting.
+    (``want_probs``) those probabilities (B, V) for top-logprob reporting. Three passes over the
+    logits (max, exp, cumulative sum): the softmax is never normalised as a whole.
     """
     B = logits.shape[0]
     if any(b for b in banned):
@@ -99,31 +101,35 @@ def sample_batch(
         for i, b in enumerate(banned):
             if b:
                 logits[i, b] = float("-inf")
-    temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
-    greedy = temps == 0
-    probs = torch.softmax(logits / torch.where(greedy, 1.0, temps).unsqueeze(1), -1)
-    toks = logits.argmax(-1)
-    if not bool(greedy.all()):
-        draw = probs
-        trunc = [
-            i
-            for i, p in enumerate(params)
-            if p.temperature > 0 and (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0)
-        ]
+    temps = [p.temperature for p in params]
+    z = logits
+    if any(t not in (0, 1) for t in temps):  # greedy rows report log_softmax(logits): T = 1
+        z = logits / torch.tensor([t or 1.0 for t in temps], dtype=logits.dtype).unsqueeze(1)
+    m = z.amax(-1, keepdim=True)
+    e = torch.exp(z - m)
+    sampled = [i for i, t in enumerate(temps) if t > 0]
+    if sampled:
+        cdf = e.cumsum(-1)
+        total = cdf[:, -1:]
+        trunc = [i for i in sampled if params[i].top_k > 0 or params[i].top_p < 1.0 or params[i].min_p > 0]
+        draw_cdf = cdf
         if trunc:
-            draw = probs.clone()
+            draw_cdf = cdf.clone()
             for i in trunc:
-                draw[i] = _truncate(draw[i], params[i])
-        u = torch.rand(B, 1, generator=shared, dtype=probs.dtype)
+                draw_cdf[i] = _truncate(e[i], params[i]).cumsum(-1)
+        u = torch.rand(B, 1, generator=shared, dtype=e.dtype)
         for i in range(B):
             if gens[i] is not None:
-                u[i, 0] = torch.rand(1, generator=gens[i], dtype=probs.dtype)[0]
-        cdf = draw.cumsum(-1)
-        target = u.clamp(min=1e-12) * cdf[:, -1:]
-        drawn = torch.searchsorted(cdf, target).squeeze(1).clamp(max=probs.shape[1] - 1)
-        toks = torch.where(greedy, toks, drawn)
-    lps = torch.log(probs.gather(1, toks.unsqueeze(1)).squeeze(1))
-    return toks.tolist(), lps.tolist(), probs
+                u[i, 0] = torch.rand(1, generator=gens[i], dtype=e.dtype)[0]
+        target = u.clamp(min=1e-12) * draw_cdf[:, -1:]
+        toks = torch.searchsorted(draw_cdf, target).squeeze(1).clamp(max=logits.shape[1] - 1)
+        if len(sampled) < B:
+            toks = torch.where(torch.tensor([t == 0 for t in temps]), logits.argmax(-1), toks)
+    else:
+        total = e.sum(-1, keepdim=True)
+        toks = logits.argmax(-1)
+    lps = (z.gather(1, toks.unsqueeze(1)) - m - torch.log(total)).squeeze(1)
+    return toks.tolist(), lps.tolist(), (e / total if want_probs else None)
 
 
 def _truncate(probs: torch.Tensor, s: Sampling) -> torch.Tensor:

@@ -176,12 +176,27 @@ class SlotModel:
         return self.prefill_many([(slot, ids, start)])[0]
 
     @torch.inference_mode()
-    def decode(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """One token for each of slots 0..B-1 at positions ``pos`` (B,); logits (B, vocab)."""
+    def decode(
+        self, ids: torch.Tensor, pos: torch.Tensor, shared: list[tuple[int, list[int]]] | None = None
+    ) -> torch.Tensor:
+        """One token for each of slots 0..B-1 at positions ``pos`` (B,); logits (B, vocab).
+
+        ``shared``: (P, slots) groups covering every slot, whose members hold the same KV in
+        positions 0..P-1 (the samples of one prompt). Attention then reads that prefix once per
+        group, from its first slot, for all the group's queries, and each slot's own positions
+        P..pos; the two partial softmaxes are merged exactly (cascade attention)."""
         B = ids.numel()
         x = F.embedding(ids, self.embed)
+        cascade = _Cascade(shared, pos, self.n_kv, self.n_heads // self.n_kv) if shared else None
         L_max = int(pos.max()) + 1
-        masked = (torch.arange(L_max).view(1, L_max) > pos.view(B, 1)).view(B, 1, 1, L_max)
+        S = cascade.start if cascade else 0
+        if cascade:
+            masked = (torch.arange(S, L_max).view(1, -1) > pos.view(B, 1)) | (
+                torch.arange(S, L_max).view(1, -1) < cascade.row_start.view(B, 1)
+            )
+        else:
+            masked = torch.arange(L_max).view(1, L_max) > pos.view(B, 1)
+        masked = masked.view(B, 1, 1, -1)
         group = self.n_heads // self.n_kv
         rows = torch.arange(B)
         for li, L in enumerate(self.layers):
@@ -189,10 +204,62 @@ class SlotModel:
             self.k[li, rows, :, pos] = k
             self.v[li, rows, :, pos] = v
             # grouped-query attention by hand: one query per row, no expanded K/V copies
-            K, V = self.k[li, :B, :, :L_max], self.v[li, :B, :, :L_max]
-            s = torch.matmul(q.view(B, self.n_kv, group, self.head_dim), K.transpose(-1, -2)) * self.scaling
+            qg = q.view(B, self.n_kv, group, self.head_dim)
+            K, V = self.k[li, :B, :, S:L_max], self.v[li, :B, :, S:L_max]
+            s = torch.matmul(qg, K.transpose(-1, -2)) * self.scaling
             s = s.masked_fill(masked, float("-inf"))
-            o = torch.matmul(torch.softmax(s, -1), V)
+            if cascade is None:
+                o = torch.matmul(torch.softmax(s, -1), V)
+            else:
+                m = s.amax(-1, keepdim=True)  # finite: a row always attends to its own token
+                e = torch.exp(s - m)
+                o = cascade.merge(
+                    qg, self.k[li], self.v[li], self.scaling, torch.matmul(e, V), e.sum(-1, keepdim=True), m
+                )
             x = x + F.linear(o.reshape(B, -1), L.w_o)
             x = self._mlp(L, x)
         return self._logits(x)
+
+
+class _Cascade:
+    """Index plan of one decode step's shared-prefix attention (built once, used by every layer)."""
+
+    def __init__(self, shared: list[tuple[int, list[int]]], pos: torch.Tensor, n_kv: int, group: int):
+        B = pos.numel()
+        self.G, self.M = len(shared), max(len(slots) for _, slots in shared)
+        self.P = max(p for p, _ in shared)
+        self.leaders = torch.tensor([slots[0] for _, slots in shared])
+        g_idx, j_idx, row_start = [0] * B, [0] * B, [0] * B
+        for g, (p, slots) in enumerate(shared):
+            for j, slot in enumerate(slots):
+                g_idx[slot], j_idx[slot], row_start[slot] = g, j, p
+        self.g_idx, self.j_idx = torch.tensor(g_idx), torch.tensor(j_idx)
+        self.row_start = torch.tensor(row_start)  # each row's own part starts at its group's P
+        self.start = min(p for p, _ in shared)
+        plen = torch.tensor([p for p, _ in shared])
+        self.prefix_masked = (torch.arange(self.P).view(1, -1) >= plen.view(-1, 1)).view(self.G, 1, 1, self.P)
+        self.n_kv, self.group = n_kv, group
+
+    def merge(self, qg, K, V, scale, num, den, m):
+        """Add the prefix part to each row's own part (``num`` = unnormalised output, ``den`` = its
+        softmax denominator, ``m`` = its max score) and normalise."""
+        B, kv, grp, D = qg.shape
+        G, M, P = self.G, self.M, self.P
+        Q = qg.new_zeros(G, M, kv, grp, D)
+        Q[self.g_idx, self.j_idx] = qg
+        Q = Q.permute(0, 2, 1, 3, 4).reshape(G, kv, M * grp, D)
+        Kp, Vp = K[self.leaders, :, :P], V[self.leaders, :, :P]  # (G, kv, P, D)
+        s = torch.matmul(Q, Kp.transpose(-1, -2)) * scale
+        if P > self.start:
+            s = s.masked_fill(self.prefix_masked, float("-inf"))
+        mp = s.amax(-1, keepdim=True)
+        e = torch.exp(s - mp)
+        parts = (torch.matmul(e, Vp), e.sum(-1, keepdim=True), mp)
+
+        def rows(t: torch.Tensor) -> torch.Tensor:  # (G, kv, M*grp, X) -> (B, kv, grp, X)
+            return t.view(G, kv, M, grp, -1).permute(0, 2, 1, 3, 4)[self.g_idx, self.j_idx]
+
+        num_p, den_p, m_p = (rows(t) for t in parts)
+        mx = torch.maximum(m, m_p)
+        a, b = torch.exp(m - mx), torch.exp(m_p - mx)
+        return (num * a + num_p * b) / (den * a + den_p * b)
