@@ -123,6 +123,23 @@ def test_group_shares_the_prompt_prefill(engine, codec):
     assert r2.cached_tokens >= len(prompt) + len(reqs[0].out_ids) - 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prepacked_linear_equals_f_linear(dtype):
+    from agent_r1.rollout.slot_model import Linear, _onednn
+
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(1024, 256, generator=g).to(dtype), torch.randn(1024, generator=g).to(dtype)
+    lin = Linear(w, b)
+    if torch.backends.mkldnn.is_available():
+        assert _onednn(dtype) and lin.packed is not None  # the fast path is the one in use here
+    assert Linear(w[:64, :64]).packed is None  # small weights stay on F.linear
+    for rows in (1, 7, 300):
+        x = torch.randn(rows, 256, generator=g).to(dtype)
+        ref = torch.nn.functional.linear(x.double(), w.double(), b.double())  # outputs of size ~16
+        tol = 1e-4 if dtype == torch.float32 else 0.25
+        torch.testing.assert_close(lin(x).double(), ref, rtol=0, atol=tol)
+
+
 def test_cascade_attention_equals_per_slot_attention(tiny_model_dir):
     """Groups of slots with equal KV prefixes of different lengths (leaders anywhere, a singleton):
     decoding with the shared-prefix plan gives the logits of plain per-slot attention."""

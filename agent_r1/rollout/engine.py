@@ -61,6 +61,21 @@ class Request:
     # (key, P): KV positions 0..P-1 are the same as those of every running request with this key
     # (the samples of one group); decode attends over that shared prefix once per group
     shared: tuple[int, int] | None = None
+    _prompt_arr: np.ndarray | None = None
+
+    @property
+    def prompt_arr(self) -> np.ndarray:
+        if self._prompt_arr is None:
+            self._prompt_arr = np.asarray(self.prompt, dtype=np.int64)
+        return self._prompt_arr
+
+    def common_prefix(self, toks: np.ndarray, limit: int) -> int:
+        """Length of the common prefix of this request's first ``limit`` tokens and ``toks``."""
+        p = self.prompt_arr
+        n = _lcp(p[:limit], toks)
+        if n < min(len(p), limit) or limit <= len(p):
+            return n
+        return n + _lcp(np.asarray(self.out_ids[: limit - len(p)], dtype=np.int64), toks[len(p) :])
 
     @property
     def tokens(self) -> list[int]:
@@ -73,7 +88,7 @@ class Request:
 
 def _lcp(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
-    if n == 0:
+    if n == 0 or a[0] != b[0]:
         return 0
     neq = np.flatnonzero(a[:n] != b[:n])
     return int(neq[0]) if len(neq) else n
@@ -416,7 +431,7 @@ class Engine:
         """Wait while a request still prefilling shares more of this prompt than it has computed."""
         for r in self.running:
             if r.state == "prefill":
-                n = _lcp(np.asarray(r.prompt), toks)
+                n = _lcp(r.prompt_arr, toks)
                 if n > r.computed and n > 16:
                     return True
         return False
@@ -429,7 +444,7 @@ class Engine:
             r = self.waiting.popleft()
             if r.state == "done":
                 continue
-            toks = np.asarray(r.tokens, dtype=np.int64)
+            toks = r.prompt_arr if not r.out_ids else np.asarray(r.tokens, dtype=np.int64)
             if self._blocked_by_sibling(toks):
                 held.append(r)
                 continue
@@ -440,7 +455,7 @@ class Engine:
             if r.logprob_start_len < 0:  # prompt logprobs need the whole prompt computed
                 best_run, best_len = None, 0
                 for o in self.running[:-1]:
-                    n = min(_lcp(np.asarray(o.tokens[: o.computed]), toks), o.computed)
+                    n = o.common_prefix(toks, o.computed)
                     if n > best_len:
                         best_run, best_len = o, n
                 key, cache_len = self.cache.best(toks)

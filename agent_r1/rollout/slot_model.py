@@ -5,10 +5,17 @@ after every weight update), a precomputed rotary table, and one preallocated KV 
 ``(layers, slots, kv_heads, max_len, head_dim)``. Running requests occupy slots ``0..R-1``, so a
 decode step attends over a view of the cache, never a gathered copy; prefill batches the
 projections and MLPs of several requests' chunks into one matmul each.
+
+The linear layers run through oneDNN with weights reordered once into its blocked layout (the op
+PyTorch's inductor uses for CPU inference), measured 1.2-1.8x faster than ``F.linear`` here; where
+oneDNN is missing or disagrees with ``F.linear`` on a probe, or ``AGENT_R1_ONEDNN=0``, they run
+through ``F.linear``.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,9 +25,41 @@ import torch.nn.functional as F
 SUPPORTED = ("llama", "qwen2", "qwen3")
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
+@functools.cache
+def _onednn(dtype: torch.dtype) -> bool:
+    """oneDNN's prepacked linear is usable here and agrees with ``F.linear`` on a probe."""
+    if os.environ.get("AGENT_R1_ONEDNN", "1") == "0" or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        g = torch.Generator().manual_seed(0)
+        w, x, b = (torch.randn(*shape, generator=g).to(dtype) for shape in ((24, 16), (5, 16), (24,)))
+        y = torch.ops.mkldnn._linear_pointwise(
+            x, torch.ops.mkldnn._reorder_linear_weight(w, 128), b, "none", [], ""
+        )
+        return torch.allclose(y.float(), F.linear(x, w, b).float(), rtol=2e-2, atol=2e-2)
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+
+
+class Linear:
+    """y = x W^T + b with W prepacked for oneDNN when available (see the module doc)."""
+
+    __slots__ = ("weight", "bias", "packed")
+    MIN_PACKED = 1 << 18  # smaller weights (the tiny models') measured faster through F.linear
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        self.bias = bias
+        self.packed = (
+            torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 128)
+            if weight.numel() >= self.MIN_PACKED and _onednn(weight.dtype)
+            else None
+        )
+        self.weight = None if self.packed is not None else weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
 
 
 @dataclass
@@ -29,11 +68,10 @@ class _Layer:
     ln1_eps: float
     ln2: torch.Tensor
     ln2_eps: float
-    w_qkv: torch.Tensor  # (q + 2 kv, hidden)
-    b_qkv: torch.Tensor | None
-    w_o: torch.Tensor
-    w_gate_up: torch.Tensor  # (2 * inter, hidden)
-    w_down: torch.Tensor
+    qkv: Linear  # (q + 2 kv, hidden)
+    o: Linear
+    gate_up: Linear  # (2 * inter, hidden)
+    down: Linear
     q_norm: tuple[torch.Tensor, float] | None
     k_norm: tuple[torch.Tensor, float] | None
 
@@ -64,7 +102,9 @@ class SlotModel:
         with torch.no_grad():
             probe = torch.zeros(1, 1, cfg.hidden_size, dtype=self.dtype)
             cos, sin = self.inner.rotary_emb(probe, torch.arange(max_len).unsqueeze(0))
-        self.cos, self.sin = cos[0], sin[0]  # (max_len, head_dim), same numerics as HF
+        # (max_len, head_dim), same numerics as HF; rotate_half(x) * sin == roll(x) * signed_sin
+        half = self.head_dim // 2
+        self.cos, self.signed_sin = cos[0], torch.cat([-sin[0][:, :half], sin[0][:, half:]], -1)
         self.refresh()
 
     def refresh(self) -> None:
@@ -80,11 +120,13 @@ class SlotModel:
                         ln1_eps=_eps(layer.input_layernorm),
                         ln2=layer.post_attention_layernorm.weight,
                         ln2_eps=_eps(layer.post_attention_layernorm),
-                        w_qkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                        b_qkv=torch.cat(bias) if bias[0] is not None else None,
-                        w_o=a.o_proj.weight,
-                        w_gate_up=torch.cat([m.gate_proj.weight, m.up_proj.weight]),
-                        w_down=m.down_proj.weight,
+                        qkv=Linear(
+                            torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                            torch.cat(bias) if bias[0] is not None else None,
+                        ),
+                        o=Linear(a.o_proj.weight),
+                        gate_up=Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight])),
+                        down=Linear(m.down_proj.weight),
                         q_norm=(a.q_norm.weight, _eps(a.q_norm)) if hasattr(a, "q_norm") else None,
                         k_norm=(a.k_norm.weight, _eps(a.k_norm)) if hasattr(a, "k_norm") else None,
                     )
@@ -92,7 +134,7 @@ class SlotModel:
         self.layers = layers
         self.norm = (self.inner.norm.weight, _eps(self.inner.norm))
         self.embed = self.inner.embed_tokens.weight
-        self.lm_head = self.model.lm_head.weight
+        self.lm_head = Linear(self.model.lm_head.weight)
 
     @property
     def kv_bytes(self) -> int:
@@ -112,28 +154,37 @@ class SlotModel:
         return self.k[:, src, :, :length].clone(), self.v[:, src, :, :length].clone()
 
     # ---- shared pieces ---------------------------------------------------------------------------
-    def _qkv(self, L: _Layer, x: torch.Tensor, pos: torch.Tensor):
-        """x (N, hidden) tokens at positions pos (N,) -> q (N, heads, D), k, v (N, kv, D), rotated."""
+    def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary tables for positions ``pos`` (N,), gathered once per forward: (N, 1, D) each."""
+        return self.cos[pos].unsqueeze(1), self.signed_sin[pos].unsqueeze(1)
+
+    def _qkv(self, L: _Layer, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
+        """x (N, hidden) -> q (N, heads, D), k, v (N, kv, D); q and k rotated together."""
         N = x.shape[0]
         h = F.rms_norm(x, (x.shape[-1],), L.ln1, L.ln1_eps)
-        qkv = F.linear(h, L.w_qkv, L.b_qkv)
-        D = self.head_dim
-        q = qkv[:, : self.n_heads * D].view(N, self.n_heads, D)
-        k = qkv[:, self.n_heads * D : (self.n_heads + self.n_kv) * D].view(N, self.n_kv, D)
-        v = qkv[:, (self.n_heads + self.n_kv) * D :].view(N, self.n_kv, D)
+        qkv = L.qkv(h)
+        D, H = self.head_dim, self.n_heads
+        qk = qkv[:, : (H + self.n_kv) * D].view(N, H + self.n_kv, D)
+        v = qkv[:, (H + self.n_kv) * D :].view(N, self.n_kv, D)
         if L.q_norm is not None:
-            q = F.rms_norm(q, (D,), L.q_norm[0], L.q_norm[1])
-            k = F.rms_norm(k, (D,), L.k_norm[0], L.k_norm[1])
-        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+            qk = torch.cat(
+                [
+                    F.rms_norm(qk[:, :H], (D,), L.q_norm[0], L.q_norm[1]),
+                    F.rms_norm(qk[:, H:], (D,), L.k_norm[0], L.k_norm[1]),
+                ],
+                1,
+            )
+        cos, sin = rope
+        qk = qk * cos + qk.roll(D // 2, -1) * sin
+        return qk[:, :H], qk[:, H:], v
 
     def _mlp(self, L: _Layer, x: torch.Tensor) -> torch.Tensor:
         h = F.rms_norm(x, (x.shape[-1],), L.ln2, L.ln2_eps)
-        gate, up = F.linear(h, L.w_gate_up).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, L.w_down)
+        gate, up = L.gate_up(h).chunk(2, dim=-1)
+        return x + L.down(F.silu(gate) * up)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(F.rms_norm(x, (x.shape[-1],), self.norm[0], self.norm[1]), self.lm_head).float()
+        return self.lm_head(F.rms_norm(x, (x.shape[-1],), self.norm[0], self.norm[1])).float()
 
     # ---- prefill / decode ------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -149,8 +200,9 @@ class SlotModel:
         pos = torch.cat([torch.arange(start, start + len(ids)) for _, ids, start in items])
         bounds = torch.tensor([0] + [len(ids) for _, ids, _ in items]).cumsum(0).tolist()
         x = F.embedding(torch.tensor(flat), self.embed)
+        rope = self._rope(pos)
         for li, L in enumerate(self.layers):
-            q, k, v = self._qkv(L, x, pos)
+            q, k, v = self._qkv(L, x, rope)
             outs = []
             for j, (slot, _ids, start) in enumerate(items):
                 a, b = bounds[j], bounds[j + 1]
@@ -167,7 +219,7 @@ class SlotModel:
                     enable_gqa=True,
                 )
                 outs.append(o[0].transpose(0, 1).reshape(T, -1))
-            x = x + F.linear(torch.cat(outs), L.w_o)
+            x = x + L.o(torch.cat(outs))
             x = self._mlp(L, x)
         last = torch.tensor(bounds[1:]) - 1
         return self._logits(x[last])
@@ -199,8 +251,9 @@ class SlotModel:
         masked = masked.view(B, 1, 1, -1)
         group = self.n_heads // self.n_kv
         rows = torch.arange(B)
+        rope = self._rope(pos)
         for li, L in enumerate(self.layers):
-            q, k, v = self._qkv(L, x, pos)
+            q, k, v = self._qkv(L, x, rope)
             self.k[li, rows, :, pos] = k
             self.v[li, rows, :, pos] = v
             # grouped-query attention by hand: one query per row, no expanded K/V copies
@@ -216,7 +269,7 @@ class SlotModel:
                 o = cascade.merge(
                     qg, self.k[li], self.v[li], self.scaling, torch.matmul(e, V), e.sum(-1, keepdim=True), m
                 )
-            x = x + F.linear(o.reshape(B, -1), L.w_o)
+            x = x + L.o(o.reshape(B, -1))
             x = self._mlp(L, x)
         return self._logits(x)
 
