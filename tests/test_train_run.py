@@ -126,6 +126,55 @@ def test_kill_whole_run_then_resume(tiny_model_dir, tmp_path):
     check_events(run, 4, eval_every=2)
 
 
+def test_ctrl_c_checkpoints_then_resume(tiny_model_dir, tmp_path):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it): the learners checkpoint
+    what is trained and the run exits 3 with a resume hint; the same command then finishes it."""
+    run = tmp_path / "ctrlc"
+    args = reduced(tiny_model_dir, run, "trainer.iterations=3", "trainer.checkpoint_every=0")
+    p = start_train(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(lambda: run.joinpath("ledger.jsonl").exists() and ledger(run), 300, "iteration 0 trained")
+        os.killpg(p.pid, signal.SIGINT)
+        out, _ = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 3, out[-4000:]
+    assert "stopping: the learners checkpoint" in out and "the same command resumes" in out
+    trained = [e["iteration"] for e in ledger(run)]
+    assert trained in ([0], [0, 1]) and json.loads((run / "summary.json").read_text())["preempted"]
+    # checkpoint_every=0: the only checkpoint is the one the stop wrote, of the last trained iteration
+    assert sorted(c.name for c in (run / "checkpoints").glob("iter_*") if c.is_dir()) == [
+        f"iter_{trained[-1]:06d}"
+    ]
+    r = train(args)
+    check_finished(r, run, 3)
+    assert [e["iteration"] for e in ledger(run)] == [0, 1, 2]
+
+
+def test_ctrl_c_during_the_warm_start(tiny_model_dir, tmp_path):
+    """A stop during a long SFT phase ends it within a few steps (nothing trained to checkpoint)."""
+    run = tmp_path / "ctrlc_sft"
+    p = start_train(
+        reduced(tiny_model_dir, run, "sft.steps=100000"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        _wait_for((run / "sft_records" / "iter_000000" / "manifest.json").exists, 300, "the SFT phase")
+        time.sleep(2)
+        t0 = time.time()
+        os.killpg(p.pid, signal.SIGINT)
+        out, _ = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 3 and time.time() - t0 < 60, out[-4000:]
+    assert "stop requested during the warm start" in (run / "logs" / "learner_0.log").read_text()
+    assert not list((run / "checkpoints").glob("iter_*"))
+
+
 def test_rollout_server_killed_mid_iteration(tiny_model_dir, tmp_path):
     run = tmp_path / "serverkill"
     args = reduced(tiny_model_dir, run, "rollout.servers=2", "rollout.max_action_tokens=48")

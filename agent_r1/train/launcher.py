@@ -124,7 +124,12 @@ class LocalLauncher:
         self.procs: list[Proc] = []
         self.launch = uuid.uuid4().hex[:12]
         base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMIX_"))}
-        base.update(AGENT_R1_LAUNCH_ID=self.launch, AGENT_R1_HOST="127.0.0.1", PYTHONUNBUFFERED="1")
+        base.update(
+            AGENT_R1_LAUNCH_ID=self.launch,
+            AGENT_R1_HOST="127.0.0.1",
+            AGENT_R1_LAUNCHER="local",
+            PYTHONUNBUFFERED="1",
+        )
         self.base_env = base
         self.threads = threads_per_learner
 
@@ -207,6 +212,23 @@ class LocalLauncher:
                     p.start()
             time.sleep(poll_s)
 
+    def stop_gracefully(self, timeout_s: float) -> int:
+        """Ctrl-C or SIGTERM: ask the learners to checkpoint and exit (the STOP file), wait for
+        them; a second Ctrl-C ends the run at once. Learner rank 0's exit code (3 = checkpointed)."""
+        sys.stderr.write(
+            "\nstopping: the learners checkpoint what is trained and exit (Ctrl-C again to stop at once)\n"
+        )
+        self.rd.request_stop()
+        learners = [p for p in self.procs if p.name.startswith("learner_") and p.popen is not None]
+        deadline = time.time() + timeout_s
+        try:
+            while any(p.popen.poll() is None for p in learners) and time.time() < deadline:
+                time.sleep(0.2)
+        except KeyboardInterrupt:
+            return 130
+        rc = learners[0].popen.poll() if learners else None
+        return 130 if rc is None else rc
+
     def shutdown(self) -> None:
         self.rd.request_stop()
         for p in self.procs:
@@ -227,11 +249,13 @@ def train_local(cfg: TrainConfig) -> int:
         f"run dir: {rd.root}\nlogs:    {rd.logs}\nTensorBoard: tensorboard --logdir {rd.tensorboard}",
         flush=True,
     )
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # like Ctrl-C: checkpoint, then stop
     try:
-        launcher.start()
-        rc = launcher.supervise()
-    except KeyboardInterrupt:
-        rc = 130
+        try:
+            launcher.start()
+            rc = launcher.supervise()
+        except KeyboardInterrupt:
+            rc = launcher.stop_gracefully(cfg.trainer.timeout_s)
     finally:
         launcher.shutdown()
     s = read_summary(rd)
@@ -250,6 +274,13 @@ def train_local(cfg: TrainConfig) -> int:
             f"summary:     {rd.summary}\n"
             f"TensorBoard: tensorboard --logdir {rd.tensorboard}\n"
             + (f"curve:       {png}\n" if png else ""),
+            flush=True,
+        )
+    elif rc == 3:
+        done = s.get("iterations", 0) if s else 0
+        print(
+            f"\nstopped after {done} trained iteration(s), checkpointed in {rd.checkpoints}; the same "
+            "command resumes the run (trainer.resume=auto)",
             flush=True,
         )
     return rc

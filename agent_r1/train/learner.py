@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -201,8 +202,17 @@ class Learner:
         )
         return metrics
 
-    def sft(self, trajs: list[list[dict]], steps: int, batch: int, seed: int, progress: bool) -> list[float]:
-        """Warm start: ``steps`` optimizer steps of -log pi on demonstrated actions."""
+    def sft(
+        self,
+        trajs: list[list[dict]],
+        steps: int,
+        batch: int,
+        seed: int,
+        progress: bool,
+        stop: Callable[[], bool] | None = None,
+    ) -> list[float] | None:
+        """Warm start: ``steps`` optimizer steps of -log pi on demonstrated actions; None when
+        ``stop()`` (a collective, asked every 20 steps) says a stop was requested."""
         import dataclasses
 
         from tqdm import tqdm
@@ -222,7 +232,10 @@ class Learner:
         )
         self.actor.scheduler = self.actor.make_scheduler(sft)
         bar = tqdm(range(steps), desc="warm start (SFT)", unit="step", disable=not progress, leave=False)
-        for _ in bar:
+        for step in bar:
+            if stop is not None and step % 20 == 0 and stop():
+                bar.close()
+                return None
             sel = rng.sample(range(len(trajs)), min(batch, len(trajs)))
             tb = [trajs[i] for i in sel]
             zeros = [[0.0] * len(s["action"]) for t in tb for s in t]

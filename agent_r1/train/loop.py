@@ -29,7 +29,9 @@ from agent_r1.train.tasks import StopRequested
 
 log = logging.getLogger("agent_r1.train")
 
-_STOP = {"signal": None}  # set by SIGTERM / SIGUSR1 (Slurm's warning before preemption or time limit)
+_STOP = {
+    "signal": None
+}  # set by SIGTERM / SIGUSR1 (Slurm's warning before preemption or time limit) / SIGINT
 
 
 def _on_signal(signum, frame) -> None:  # noqa: ARG001
@@ -37,7 +39,7 @@ def _on_signal(signum, frame) -> None:  # noqa: ARG001
 
 
 def install_signal_handlers() -> None:
-    for s in (signal.SIGTERM, signal.SIGUSR1):
+    for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(s, _on_signal)
 
 
@@ -116,8 +118,15 @@ class Trainer:
         dist.barrier()
         trajs = prepare(self.learner.read(sft_dir, 0)).trajectories
         losses = self.learner.sft(
-            trajs, c.steps, c.batch_trajectories, c.seed, self.cfg.trainer.progress and self.rank == 0
+            trajs,
+            c.steps,
+            c.batch_trajectories,
+            c.seed,
+            self.cfg.trainer.progress and self.rank == 0,
+            stop=lambda: _any_rank(self.stop_requested()),
         )
+        if losses is None:
+            raise StopRequested("warm start")
         self.state["sft_done"] = True
         self.state["version"] += 1
         if self.rank == 0 and losses:  # its own TensorBoard run: its steps are SFT steps
@@ -213,7 +222,11 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         tr = self.cfg.trainer
         self.resume()
-        self.warm_start()
+        try:
+            self.warm_start()
+        except StopRequested:
+            log.warning("stop requested during the warm start: nothing to checkpoint yet, exiting")
+            return self.finish(preempted=True)
         self.push_weights()
         first = self.state["iteration"] + 1
         if not self.state["eval"]:
@@ -248,6 +261,9 @@ class Trainer:
                 )
                 preempted = True
                 break
+        return self.finish(preempted)
+
+    def finish(self, preempted: bool) -> dict[str, Any]:
         summary = self.summary(preempted)
         if self.coord is not None:
             self.coord.close()

@@ -147,6 +147,12 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
         warnings.filterwarnings("ignore", message=".*cuda_graph_scope.*")
         warnings.filterwarnings("ignore", message=".*non-leaf Tensor.*")
         return _learner(cfg, rd, env)
+    if os.environ.get("AGENT_R1_LAUNCHER") == "local":
+        import signal
+
+        # Ctrl-C reaches the whole process group: the launcher turns it into a stop request and
+        # stops servers and workers itself once the learners have checkpointed
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     if role in ("server", "teacher"):
         from agent_r1.rollout.server import serve
 
