@@ -126,20 +126,32 @@ def test_kill_whole_run_then_resume(tiny_model_dir, tmp_path):
     check_events(run, 4, eval_every=2)
 
 
+def _run_until(args, ready, what, act, timeout: float = 300) -> tuple[int, str]:
+    """Start `agent-r1 train`, wait for ``ready()``, then ``act(popen)``: its exit code and output."""
+    p = start_train(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(ready, 300, what)
+        act(p)
+        out, _ = p.communicate(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    return p.returncode, out
+
+
+def _ctrl_c(p: subprocess.Popen) -> None:
+    os.killpg(p.pid, signal.SIGINT)  # the whole process group, as a terminal sends it
+
+
 def test_ctrl_c_checkpoints_then_resume(tiny_model_dir, tmp_path):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it): the learners checkpoint
     what is trained and the run exits 3 with a resume hint; the same command then finishes it."""
     run = tmp_path / "ctrlc"
     args = reduced(tiny_model_dir, run, "trainer.iterations=3", "trainer.checkpoint_every=0")
-    p = start_train(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        _wait_for(lambda: run.joinpath("ledger.jsonl").exists() and ledger(run), 300, "iteration 0 trained")
-        os.killpg(p.pid, signal.SIGINT)
-        out, _ = p.communicate(timeout=300)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-    assert p.returncode == 3, out[-4000:]
+    rc, out = _run_until(
+        args, lambda: run.joinpath("ledger.jsonl").exists() and ledger(run), "iteration 0 trained", _ctrl_c
+    )
+    assert rc == 3, out[-4000:]
     assert "stopping: the learners checkpoint" in out and "the same command resumes" in out
     trained = [e["iteration"] for e in ledger(run)]
     assert trained in ([0], [0, 1]) and json.loads((run / "summary.json").read_text())["preempted"]
@@ -155,22 +167,17 @@ def test_ctrl_c_checkpoints_then_resume(tiny_model_dir, tmp_path):
 def test_ctrl_c_during_the_warm_start(tiny_model_dir, tmp_path):
     """A stop during a long SFT phase ends it within a few steps (nothing trained to checkpoint)."""
     run = tmp_path / "ctrlc_sft"
-    p = start_train(
-        reduced(tiny_model_dir, run, "sft.steps=100000"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        _wait_for((run / "sft_records" / "iter_000000" / "manifest.json").exists, 300, "the SFT phase")
-        time.sleep(2)
-        t0 = time.time()
-        os.killpg(p.pid, signal.SIGINT)
-        out, _ = p.communicate(timeout=120)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-    assert p.returncode == 3 and time.time() - t0 < 60, out[-4000:]
+    sent = []
+
+    def ctrl_c_in_sft(p: subprocess.Popen) -> None:
+        time.sleep(2)  # into the SFT steps
+        sent.append(time.time())
+        _ctrl_c(p)
+
+    sft_records = run / "sft_records" / "iter_000000" / "manifest.json"
+    args = reduced(tiny_model_dir, run, "sft.steps=100000")
+    rc, out = _run_until(args, sft_records.exists, "the SFT phase", ctrl_c_in_sft, timeout=120)
+    assert rc == 3 and time.time() - sent[0] < 60, out[-4000:]
     assert "stop requested during the warm start" in (run / "logs" / "learner_0.log").read_text()
     assert not list((run / "checkpoints").glob("iter_*"))
 
@@ -178,17 +185,13 @@ def test_ctrl_c_during_the_warm_start(tiny_model_dir, tmp_path):
 def test_rollout_server_killed_mid_iteration(tiny_model_dir, tmp_path):
     run = tmp_path / "serverkill"
     args = reduced(tiny_model_dir, run, "rollout.servers=2", "rollout.max_action_tokens=48")
-    p = start_train(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        task = run / "control" / "tasks" / "train_000000.json"
-        _wait_for(task.exists, 300, "the first rollout task")
-        pid = json.loads((run / "control" / "roles" / "server_0.json").read_text())["pid"]
-        os.kill(pid, signal.SIGKILL)
-        out, _ = p.communicate(timeout=400)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-    assert p.returncode == 0, out[-4000:]
+    task = run / "control" / "tasks" / "train_000000.json"
+
+    def kill_server(_p: subprocess.Popen) -> None:
+        os.kill(json.loads((run / "control" / "roles" / "server_0.json").read_text())["pid"], signal.SIGKILL)
+
+    rc, out = _run_until(args, task.exists, "the first rollout task", kill_server, timeout=400)
+    assert rc == 0, out[-4000:]
     assert "server_0 exited" in out and "restarting" in out
     for it in range(2):  # every episode of every iteration made it
         assert manifest(run, it)["num_trajectories"] == 4 * 4

@@ -249,7 +249,10 @@ def train_local(cfg: TrainConfig) -> int:
         f"run dir: {rd.root}\nlogs:    {rd.logs}\nTensorBoard: tensorboard --logdir {rd.tensorboard}",
         flush=True,
     )
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # like Ctrl-C: checkpoint, then stop
+    # Ctrl-C and SIGTERM: checkpoint, then stop (also when started with SIGINT ignored, as a
+    # background job of a non-interactive shell is)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         try:
             launcher.start()
