@@ -200,16 +200,15 @@ def test_rollout_server_killed_mid_iteration(tiny_model_dir, tmp_path):
 
 def test_ppo_with_critic_and_reference_kl(tiny_model_dir, tmp_path):
     run = tmp_path / "ppo"
-    r = train(
-        reduced(
-            tiny_model_dir,
-            run,
-            "algorithm=ppo",
-            "algorithm.reference=true",
-            "algorithm.policy.kl_coef=0.05",
-            "algorithm.mini_batches=2",
-        )
+    args = reduced(
+        tiny_model_dir,
+        run,
+        "algorithm=ppo",
+        "algorithm.reference=true",
+        "algorithm.policy.kl_coef=0.05",
+        "algorithm.mini_batches=2",
     )
+    r = train(args)
     check_finished(r, run, 2)
     scalars = check_events(run, 2)
     for tag in ("critic/value_loss", "loss/kl", "adv/mean"):
@@ -217,3 +216,10 @@ def test_ppo_with_critic_and_reference_kl(tiny_model_dir, tmp_path):
     assert all(v == 2.0 for _, v in scalars["train/optimizer_steps"])  # two mini-batches
     # the critic is checkpointed beside the policy
     assert (run / "checkpoints" / "iter_000001.critic" / "agent_r1_state.json").exists()
+    # and resumed with it: one more iteration on top of the checkpoint, policy and critic loaded
+    r = train([*args, "trainer.iterations=3"])
+    check_finished(r, run, 3)
+    log = (run / "logs" / "learner_0.log").read_text()
+    assert "resumed from" in log and "iter_000001" in log
+    assert [e["iteration"] for e in ledger(run)] == [0, 1, 2]
+    assert (run / "checkpoints" / "iter_000002.critic" / "agent_r1_state.json").exists()
