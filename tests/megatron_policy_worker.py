@@ -43,7 +43,13 @@ def main() -> None:
     from transformers import AutoConfig
 
     from agent_r1.learner.cpu_compat import apply
-    from agent_r1.learner.policy import packed_forward, packed_logprobs, vocab_parallel_logprob_entropy
+    from agent_r1.learner.policy import (
+        install_packed_attention,
+        install_packed_rotary,
+        packed_forward,
+        packed_logprobs,
+        vocab_parallel_logprob_entropy,
+    )
     from megatron_bridge import BridgeConfig, build_gpt_model, load_hf_weights
 
     apply()
@@ -59,7 +65,7 @@ def main() -> None:
         got = {}
 
         def step(it, model, got=got):
-            # PackedRotary positions + block-diagonal mask; on non-last stages the output is hidden states
+            # PackedRotary positions + per-sequence causal SDPA; non-last stages output hidden states
             out = packed_forward(model, packed)
             out = out.unsqueeze(0) if ps.is_pipeline_last_stage() else out
 
@@ -78,6 +84,17 @@ def main() -> None:
         allres = [None] * world
         dist.all_gather_object(allres, diff)
         results[layout] = max(d for d in allres if d is not None)
+        results[f"{layout}_per_sequence_attention"] = install_packed_attention(model) is not None
+        if layout == "1x1":  # the same logits as Megatron's own attention with the N x N mask
+            with torch.no_grad():
+                sdpa = packed_forward(model, packed)
+                rotary = install_packed_rotary(model)
+                rotary.positions = packed.positions
+                masked = model(
+                    packed.tokens.unsqueeze(0), packed.positions.unsqueeze(0), packed.attention_mask()
+                )
+                rotary.positions = None
+            results["sdpa_vs_mask_logits"] = float((sdpa - masked[0]).abs().max())
         ps.destroy_model_parallel()
     # vocab-parallel backward vs autograd on the full vocabulary (TP = world)
     ps.initialize_model_parallel(tensor_model_parallel_size=world)

@@ -1,5 +1,5 @@
-"""Packed, prefix-merged policy logprobs through Megatron at TP1/TP2/PP2 equal per-step
-recomputation with the HF model; the vocab-parallel logprob/entropy backward equals autograd."""
+"""Packed, prefix-merged policy logprobs through Megatron at TP1/TP2/PP2 (causal SDPA per packed
+sequence) equal per-step recomputation with the HF model; the vocab-parallel logprob/entropy backward equals autograd."""
 
 import json
 from pathlib import Path
@@ -20,6 +20,11 @@ def policy_results(tiny_model_dir, tmp_path_factory):
 @pytest.mark.parametrize("layout", ["1x1", "2x1", "1x2"])
 def test_prefix_merged_packed_logprobs_equal_per_step(policy_results, layout):
     assert policy_results[layout] < 1e-5
+    assert policy_results[f"{layout}_per_sequence_attention"]  # SDPA per packed sequence, no N x N mask
+
+
+def test_per_sequence_attention_equals_the_masked_attention(policy_results):
+    assert policy_results["sdpa_vs_mask_logits"] < 1e-4
 
 
 def test_vocab_parallel_backward(policy_results):

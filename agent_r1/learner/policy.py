@@ -1,7 +1,8 @@
 """Policy forward on packed streams: per-token logprobs and entropy from vocab-parallel logits.
 
 ``PackedRotary`` lets Megatron's GPTModel take explicit per-token positions (restarting per
-packed sequence) on any layer spec; ``vocab_parallel_logprob_entropy`` reduces across the tensor-
+packed sequence) on any layer spec; ``PackedAttention`` runs the local spec's core attention as
+causal SDPA within each packed sequence (O(sum of len^2), no N x N mask); ``vocab_parallel_logprob_entropy`` reduces across the tensor-
 parallel group (max, sum-exp, target logit, expected logit) with its own backward, so the full
 vocabulary is never gathered; ``packed_logprobs`` runs it in chunks of label tokens so a long
 stream never materialises an fp32 (tokens x vocab) tensor.
@@ -13,6 +14,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from agent_r1.learner.packing import Packed
 
@@ -50,6 +52,81 @@ def install_packed_rotary(model: Any) -> PackedRotary:
         return model.rotary_pos_emb
     model.rotary_pos_emb = PackedRotary(model.rotary_pos_emb)
     return model.rotary_pos_emb
+
+
+class PackedAttention(torch.nn.Module):
+    """Drop-in for a local-spec ``core_attention`` (Megatron's ``DotProductAttention``, which
+    needs an N x N mask): while ``bounds`` is set, causal SDPA within each packed sequence."""
+
+    def __init__(self, inner: torch.nn.Module, box: dict[str, Any]):
+        super().__init__()
+        self.inner = inner
+        self.box = box  # shared by every layer: {"bounds": [(start, end), ...] or None}
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        attn_mask_type: Any = None,
+        attention_bias: Any = None,
+        packed_seq_params: Any = None,
+    ) -> torch.Tensor:
+        bounds = self.box["bounds"]
+        if bounds is None:
+            return self.inner(
+                query, key, value, attention_mask, attn_mask_type, attention_bias, packed_seq_params
+            )
+        sq, b, heads, hn = query.shape  # [s, b, heads, hn]; key/value [s, b, groups, hn]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        outs = [
+            F.scaled_dot_product_attention(
+                q[:, :, a:e],
+                k[:, :, a:e],
+                v[:, :, a:e],
+                is_causal=True,
+                scale=self.inner.softmax_scale,
+                enable_gqa=k.shape[1] != heads,
+            )
+            for a, e in bounds
+        ]
+        return torch.cat(outs, 2).permute(2, 0, 1, 3).reshape(sq, b, heads * hn)
+
+
+def _unwrap(model: Any) -> Any:
+    while not hasattr(model, "decoder") and hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+def install_packed_attention(model: Any) -> dict[str, Any] | None:
+    """Wrap every layer's local-spec core attention in ``PackedAttention`` (idempotent); the box
+    whose ``bounds`` the forward sets, or None where a layer needs what SDPA here does not do
+    (Transformer Engine's attention, dropout, softmax offset, sliding window, QK layer scaling)."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    m = _unwrap(model)
+    box = getattr(m, "_packed_attention_box", None)
+    if box is not None:
+        return box
+    layers = list(m.decoder.layers) if getattr(m, "decoder", None) is not None else []
+    cores = [layer.self_attention.core_attention for layer in layers]
+    ok = all(
+        type(c) is DotProductAttention
+        and c.attention_dropout.p == 0
+        and getattr(c, "softmax_offset", None) is None
+        and getattr(c.config, "window_size", None) is None
+        and not c.config.apply_query_key_layer_scaling
+        for c in cores
+    )
+    if not ok:
+        return None
+    box = {"bounds": None}
+    for layer, core in zip(layers, cores, strict=True):
+        layer.self_attention.core_attention = PackedAttention(core, box)
+    m._packed_attention_box = box
+    return box
 
 
 class _VocabParallelLogprob(torch.autograd.Function):
@@ -133,11 +210,7 @@ def packed_logprobs(
 
 
 def _uses_te(model: Any) -> bool:
-    while not hasattr(model, "config") and hasattr(model, "module"):
-        model = model.module
-    inner = model
-    while hasattr(inner, "module") and not hasattr(inner, "decoder"):
-        inner = inner.module
+    inner = _unwrap(model)
     layer = inner.decoder.layers[0] if hasattr(inner, "decoder") and len(inner.decoder.layers) else None
     return layer is not None and "TE" in type(layer.self_attention.core_attention).__name__
 
@@ -168,10 +241,17 @@ def packed_forward(model: Any, packed: Packed) -> torch.Tensor:
         )
         return out[0] if ps.is_pipeline_last_stage() else out
     rotary = install_packed_rotary(model)
+    attention = install_packed_attention(model)
     rotary.positions = packed.positions
+    if attention is not None:
+        cu = packed.cu_seqlens.tolist()
+        attention["bounds"] = list(zip(cu[:-1], cu[1:], strict=True))
     try:
-        out = model(packed.tokens.unsqueeze(0), packed.positions.unsqueeze(0), packed.attention_mask())
+        mask = None if attention is not None else packed.attention_mask()
+        out = model(packed.tokens.unsqueeze(0), packed.positions.unsqueeze(0), mask)
     finally:
         rotary.positions = None
+        if attention is not None:
+            attention["bounds"] = None
     # last stage: logits (1, N, V/tp) -> (N, V/tp); other stages: hidden states for the next stage
     return out[0] if ps.is_pipeline_last_stage() else out
