@@ -29,9 +29,8 @@ from agent_r1.train.tasks import StopRequested
 
 log = logging.getLogger("agent_r1.train")
 
-_STOP = {
-    "signal": None
-}  # set by SIGTERM / SIGUSR1 (Slurm's warning before preemption or time limit) / SIGINT
+# set by SIGTERM / SIGUSR1 (Slurm's warning before preemption or time limit) / SIGINT (Ctrl-C)
+_STOP = {"signal": None}
 
 
 def _on_signal(signum, frame) -> None:  # noqa: ARG001
