@@ -18,6 +18,8 @@ def setup_logging(role: str = "main", level: int = logging.INFO) -> logging.Logg
     if not _CONFIGURED:
         h = logging.StreamHandler(sys.stdout)
         h.setFormatter(logging.Formatter(f"[%(asctime)s {role}] %(message)s", "%H:%M:%S"))
+        # `log.info(msg, extra={"console": False})`: for the log files only (already printed)
+        h.addFilter(lambda record: getattr(record, "console", True))
         root.addHandler(h)
         root.propagate = False
         _CONFIGURED = True

@@ -8,7 +8,6 @@ silently consumed. With ``compression="none"`` the columns are zero-copy views o
 from __future__ import annotations
 
 import json
-import re
 import zlib
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from agent_r1.records.schema import check_schema
-from agent_r1.records.shard import ShardError, ShardMeta, file_checksum, iteration_dir
+from agent_r1.records.shard import ShardError, ShardMeta, file_checksum, iteration_dir, iteration_dirs
 
 
 def group_hash(group_ids: list[str]) -> np.ndarray:
@@ -39,12 +38,11 @@ class RecordStore:
             raise FileNotFoundError(f"no records directory at {self.dir}")
 
     def iterations(self, finalized_only: bool = True) -> list[int]:
-        out = []
-        for p in self.dir.glob("iter_*"):
-            m = re.fullmatch(r"iter_(\d+)", p.name)
-            if m and (not finalized_only or (p / "manifest.json").exists()):
-                out.append(int(m.group(1)))
-        return sorted(out)
+        return [
+            i
+            for i, p in iteration_dirs(self.dir).items()
+            if not finalized_only or (p / "manifest.json").exists()
+        ]
 
     def manifest(self, iteration: int) -> dict[str, Any]:
         path = iteration_dir(self.dir, iteration) / "manifest.json"

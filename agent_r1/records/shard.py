@@ -51,6 +51,16 @@ def iteration_dir(records_dir: str | Path, iteration: int) -> Path:
     return Path(records_dir) / f"iter_{iteration:06d}"
 
 
+def iteration_dirs(folder: str | Path) -> dict[int, Path]:
+    """The ``iter_N`` folders under ``folder`` (records, checkpoints) by N; other names ignored."""
+    out = {}
+    for p in Path(folder).glob("iter_*"):
+        num = p.name[len("iter_") :]
+        if num.isdigit() and p.is_dir():
+            out[int(num)] = p
+    return dict(sorted(out.items()))
+
+
 def shard_name(writer: int | str) -> str:
     return f"shard_w{writer:04d}.arrow" if isinstance(writer, int) else f"shard_{writer}.arrow"
 

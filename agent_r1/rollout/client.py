@@ -30,10 +30,22 @@ class RequestRejected(ValueError):
     """The server answered 400: the request itself is invalid (message from the server)."""
 
 
-def discover_servers(run_dir: str | Path) -> list[str]:
-    """Server URLs published by ``agent-r1 serve --ready-file run_dir/control/servers/NAME.json``."""
-    d = Path(run_dir) / "control" / "servers"
+def discover_servers(run_dir: str | Path, kind: str = "servers") -> list[str]:
+    """Server URLs published by ``agent-r1 serve --ready-file run_dir/control/<kind>/NAME.json``
+    (``kind``: servers, or teachers for on-policy distillation)."""
+    d = Path(run_dir) / "control" / kind
     return [json.loads(p.read_text())["url"] for p in sorted(d.glob("*.json"))]
+
+
+async def probe(urls: list[str], path: str, timeout_s: float = 10.0) -> list[Any]:
+    """GET ``path`` on every server at once, no retries: each answer, or the exception it raised."""
+    if not urls:
+        return []
+    client = RolloutClient(servers=urls, timeout_s=timeout_s, max_retries=0)
+    try:
+        return await asyncio.gather(*(client.get(u, path) for u in urls), return_exceptions=True)
+    finally:
+        await client.close()
 
 
 def to_completion(out: dict[str, Any]) -> Completion:

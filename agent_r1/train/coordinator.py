@@ -18,6 +18,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from agent_r1.records.shard import iteration_dir, iteration_dirs
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.run_dir import RunDir, read_json
 from agent_r1.train.tasks import (
@@ -46,7 +47,7 @@ def prompt_indices(num_rows: int, per_iteration: int, seed: int, iteration: int)
 
 
 def checkpoint_path(rd: RunDir, iteration: int) -> Path:
-    return rd.checkpoints / f"iter_{iteration:06d}"
+    return iteration_dir(rd.checkpoints, iteration)
 
 
 def find_checkpoint(rd: RunDir, resume: str) -> Path | None:
@@ -55,16 +56,8 @@ def find_checkpoint(rd: RunDir, resume: str) -> Path | None:
         return None
     if resume != "auto":
         return Path(resume)
-    done = [
-        p
-        for p in rd.checkpoints.glob("iter_*")
-        if p.is_dir() and p.name[5:].isdigit() and (p / "agent_r1_state.json").exists()
-    ]
-    return max(done, key=lambda p: int(p.name[5:]), default=None)
-
-
-def servers_in(directory: Path) -> list[str]:
-    return [read_json(p)["url"] for p in sorted(directory.glob("*.json"))]
+    done = [p for p in iteration_dirs(rd.checkpoints).values() if (p / "agent_r1_state.json").exists()]
+    return done[-1] if done else None
 
 
 class Coordinator:
@@ -111,7 +104,7 @@ class Coordinator:
         )
 
     def finalized(self, task: RolloutTask) -> bool:
-        return (self.rd.root / task.records_subdir / f"iter_{task.iteration:06d}" / "manifest.json").exists()
+        return (iteration_dir(self.rd.root / task.records_subdir, task.iteration) / "manifest.json").exists()
 
     def issue(self, task: RolloutTask) -> None:
         if not self.finalized(task) and not (self.rd.tasks / f"{task.name}.json").exists():
@@ -180,8 +173,8 @@ class Coordinator:
         """Forget what the dead run issued beyond ``iteration`` (committed shards are kept and
         reused) and drop ledger lines of updates the checkpoint does not contain."""
         forget_tasks_after(self.rd, iteration)
-        for d in self.rd.eval_records.glob("iter_*"):  # derived data: evaluate again
-            if d.name[5:].isdigit() and int(d.name[5:]) > iteration + 1:
+        for i, d in iteration_dirs(self.rd.eval_records).items():  # derived data: evaluate again
+            if i > iteration + 1:
                 shutil.rmtree(d, ignore_errors=True)
         if self.rd.ledger.exists():
             keep = [
@@ -208,20 +201,10 @@ class Coordinator:
     # ---- weights ---------------------------------------------------------------------------------
     def live_servers(self) -> list[str]:
         """Published servers that answer /health (a dead one's file is ignored)."""
-        from agent_r1.rollout.client import RolloutClient, discover_servers
+        from agent_r1.rollout.client import discover_servers, probe
 
         urls = discover_servers(self.rd.root)
-        if not urls:
-            return []
-        probe = RolloutClient(servers=urls, timeout_s=10.0, max_retries=0)
-
-        async def check():
-            try:
-                return await asyncio.gather(*(probe.get(u, "/health") for u in urls), return_exceptions=True)
-            finally:
-                await probe.close()
-
-        answers = self.loop.run_until_complete(check())
+        answers = self.loop.run_until_complete(probe(urls, "/health"))
         return [u for u, a in zip(urls, answers, strict=True) if not isinstance(a, BaseException)]
 
     def push(self, named: dict[str, Any], version: int) -> float:

@@ -34,7 +34,9 @@ def default_run_dir(cfg: TrainConfig) -> Path:
 def prepare_run(cfg: TrainConfig) -> RunDir:
     """Create the run directory, write the resolved config, build a tiny model if asked to."""
     rd = RunDir.at(default_run_dir(cfg)).create()
-    if cfg.trainer.resume == "never" and (rd.records / "iter_000000").exists():
+    from agent_r1.records.shard import iteration_dir
+
+    if cfg.trainer.resume == "never" and iteration_dir(rd.records, 0).exists():
         raise SystemExit(
             f"{rd.root} already has records and trainer.resume=never: choose another trainer.run_dir"
         )

@@ -7,6 +7,7 @@ data-parallel group, then the configured loss runs over mini-batches and epochs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from collections.abc import Callable
@@ -32,20 +33,26 @@ class Prepared:
     rollout_logprobs: list[list[float]]
     versions: list[int]  # policy version of each step
     table: pa.Table  # in step order
+    batch: Any  # records.batch.StepBatch: the advantage estimators' flat inputs, same order
 
 
-def prepare(table: pa.Table) -> Prepared:
+def prepare(
+    table: pa.Table, process_coef: float = 1.0, tokens: bool = False, anchors: bool = False
+) -> Prepared:
+    """Order the records by trajectory and step once: the learner's trajectories and the flat
+    advantage inputs (``to_step_inputs`` with these options) come from the same pass."""
     from agent_r1.learner.packing import trajectories_from_records
     from agent_r1.records.batch import to_step_inputs
     from agent_r1.records.schema import records_from_table
 
-    ordered = to_step_inputs(table).table
-    records = records_from_table(ordered)
+    batch = to_step_inputs(table, process_coef, tokens=tokens, anchors=anchors)
+    records = records_from_table(batch.table)
     return Prepared(
         trajectories_from_records(records),
         [list(r.action_logprobs) for r in records],
         [r.policy_version for r in records],
-        ordered,
+        batch.table,
+        batch,
     )
 
 
@@ -73,8 +80,6 @@ class Learner:
         self.actor = Actor(cfg.model.path, bridge, cfg.optim.build(), seed=seed)
         self.critic = None
         if cfg.algorithm.critic:
-            import dataclasses
-
             copt = dataclasses.replace(cfg.optim.build(), lr=cfg.algorithm.critic_lr)
             self.critic = Critic(cfg.model.path, bridge, copt, seed=seed)
         self.ref = (
@@ -110,12 +115,11 @@ class Learner:
         from agent_r1.algos.advantages import ADVANTAGES, compute_advantages
         from agent_r1.algos.reduce import TorchReducer
         from agent_r1.learner.actor import StepBatchForLearner
-        from agent_r1.records.batch import to_step_inputs
 
         a = self.cfg.algorithm
-        p = prepare(table)
-        trajs = p.trajectories
         est = ADVANTAGES.get(a.advantage)
+        p = prepare(table, a.process_coef, tokens=est.level == "token", anchors="anchor" in est.needs)
+        trajs = p.trajectories
         old = self.actor.logprobs(trajs)
         ref = self.ref.logprobs(trajs) if self.ref is not None else None
         values = self.critic.values(trajs) if self.critic is not None else None
@@ -123,9 +127,7 @@ class Learner:
         adv_step = adv_tok = None
         teacher = None
         if self.last_stage:
-            batch = to_step_inputs(
-                p.table, a.process_coef, tokens=est.level == "token", anchors="anchor" in est.needs
-            )
+            batch = p.batch
             if values is not None:
                 batch.inputs.value = torch.tensor(values, dtype=torch.float64)
                 if est.level == "token":  # a step's value for each of its tokens
@@ -213,10 +215,6 @@ class Learner:
     ) -> list[float] | None:
         """Warm start: ``steps`` optimizer steps of -log pi on demonstrated actions; None when
         ``stop()`` (a collective, asked every 20 steps) says a stop was requested."""
-        import dataclasses
-
-        from tqdm import tqdm
-
         from agent_r1.algos.losses import loss_config
         from agent_r1.learner.actor import StepBatchForLearner
 

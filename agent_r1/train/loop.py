@@ -204,10 +204,9 @@ class Trainer:
         if self.rank == 0:  # keep the newest K
             import shutil
 
-            done = sorted(
-                (p for p in self.rd.checkpoints.glob("iter_*") if p.name[5:].isdigit()),
-                key=lambda p: int(p.name[5:]),
-            )
+            from agent_r1.records.shard import iteration_dirs
+
+            done = list(iteration_dirs(self.rd.checkpoints).values())
             for p in done[: -self.cfg.trainer.keep_checkpoints]:
                 shutil.rmtree(p, ignore_errors=True)
                 shutil.rmtree(p.with_name(p.name + ".critic"), ignore_errors=True)
@@ -322,7 +321,7 @@ class Trainer:
             self.reporter.text(f"samples/{i}", text, it + 1)
         line = console_line(it, self.cfg.trainer.iterations, m)
         print(line, flush=True)
-        log.info(line)
+        log.info(line, extra={"console": False})
 
     def summary(self, preempted: bool) -> dict[str, Any]:
         evals = self.state["eval"]

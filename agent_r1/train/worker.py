@@ -15,7 +15,6 @@ from typing import Any
 import pyarrow as pa
 
 from agent_r1.train.config import TrainConfig
-from agent_r1.train.coordinator import servers_in
 from agent_r1.train.metrics import episode_stats
 from agent_r1.train.run_dir import RunDir
 from agent_r1.train.tasks import RoleTimeout, RolloutTask, acknowledge, pending_tasks
@@ -25,23 +24,17 @@ log = logging.getLogger("agent_r1.worker")
 
 async def servers_with_version(urls_fn, version: int, timeout_s: float) -> list[str]:
     """Servers (re-discovered while waiting) that answer and have at least ``version``."""
-    from agent_r1.rollout.client import RolloutClient
+    from agent_r1.rollout.client import probe
 
     deadline = time.time() + timeout_s
     while True:
         urls = urls_fn()
-        ok: list[str] = []
-        if urls:
-            probe = RolloutClient(servers=urls, timeout_s=10.0, max_retries=0)
-            try:
-                answers = await asyncio.gather(
-                    *(probe.get(u, "/get_weight_version") for u in urls), return_exceptions=True
-                )
-            finally:
-                await probe.close()
-            for u, a in zip(urls, answers, strict=True):
-                if isinstance(a, dict) and _version(a.get("weight_version")) >= version:
-                    ok.append(u)
+        answers = await probe(urls, "/get_weight_version")
+        ok = [
+            u
+            for u, a in zip(urls, answers, strict=True)
+            if isinstance(a, dict) and _version(a.get("weight_version")) >= version
+        ]
         if ok:
             return ok
         if time.time() > deadline:
@@ -172,7 +165,7 @@ class Worker:
         gen_s = time.time() - t0
         table = records_to_table([s for t in trajs for s in t.steps])
         if task.teacher:
-            teachers = servers_in(self.rd.teachers)
+            teachers = discover_servers(self.rd.root, "teachers")
             tclient = RolloutClient(servers=teachers, timeout_s=rc.request_timeout_s)
             try:
                 lps = await teacher_logprobs(tclient, trajs)
