@@ -334,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     ro.add_argument("--index", type=int, default=None, help="server/worker index (default: the task rank)")
     ro.set_defaults(fn=_role)
 
-    from agent_r1.records.cli import add_parser as add_records
+    from agent_r1.records_cli import add_parser as add_records
 
     add_records(sub)
     return p

@@ -4,27 +4,20 @@ a checkpoint saved at TP1 (DP2) resumes at TP2 and at PP2 with the identical nex
 import sys
 
 import torch
-from megatron_rank import finish, gather_first, init_rank, synth_trajectories
+from megatron_rank import finish, gather_first, init_rank, synth_batch
 
 
-def batch_loss(actor, batch):
+def batch_loss(actor, batch, micro, targets):
     """Loss value of the batch under the current weights (forward only, same formula as training)."""
     from agent_r1.algos.losses import LossInputs, loss_config, policy_loss
 
-    lps = actor.logprobs(batch.trajectories)
-    out = [None]
-    if lps is not None:
-        lp = torch.tensor([v for s in lps for v in s])
-        old = torch.tensor([v for s in batch.old_logprobs for v in s])
-        step = torch.tensor([i for i, s in enumerate(lps) for _ in s])
-        adv = torch.tensor(batch.advantages)[step]
-        loss, _ = policy_loss(
-            "ppo",
-            LossInputs(lp, old, adv, torch.ones_like(lp, dtype=torch.bool), step, len(lps)),
-            loss_config("ppo"),
-        )
-        out = [float(loss)]
-    return gather_first(out[0])
+    lp = actor.logprobs(micro, batch.num_action_tokens)
+    out = None
+    if lp is not None:
+        seg = torch.from_numpy(batch.step_of_token)
+        x = LossInputs(lp, targets.old_logprobs, targets.advantages, batch.action_mask, seg, batch.num_steps)
+        out = float(policy_loss("ppo", x, loss_config("ppo"))[0])
+    return gather_first(out)
 
 
 def main() -> None:
@@ -41,39 +34,43 @@ def main() -> None:
     from megatron.core import parallel_state as ps
     from transformers import AutoConfig
 
-    from agent_r1.learner.actor import Actor, OptimConfig, StepBatchForLearner
+    from agent_r1.learner.actor import Actor, PolicyTargets
     from agent_r1.learner.cpu_compat import apply
+    from agent_r1.learner.optim import OptimConfig
     from megatron_bridge import BridgeConfig
 
     apply()
     vocab = AutoConfig.from_pretrained(model_dir).vocab_size
-    trajs = synth_trajectories(vocab, seed=2)
+    batch = synth_batch(vocab, seed=2)
+    micro = batch.micro_batches(None, 40)
     g = torch.Generator().manual_seed(0)
-    n_steps = sum(len(x) for x in trajs)
-    adv = (torch.randint(0, 2, (n_steps,), generator=g) * 2 - 1).float().tolist()
-    results = {}
+    adv = batch.per_token((torch.randint(0, 2, (batch.num_steps,), generator=g) * 2 - 1).float())
+    results = {"micro_batches": len(micro)}
     optim = OptimConfig(lr=5e-3, clip_grad=1.0, micro_tokens=40)
 
     # DP2 (TP1, PP1): train, checkpoint
     ps.initialize_model_parallel(1, 1)
     actor = Actor(model_dir, BridgeConfig(), optim)
-    old = actor.logprobs(trajs)
-    batch = StepBatchForLearner(trajs, old, adv)
-    losses = [batch_loss(actor, batch)]
+    targets = PolicyTargets(adv, actor.logprobs(micro, batch.num_action_tokens))
+
+    def loss(a, t=targets):
+        return batch_loss(a, batch, micro, t)
+
+    losses = [loss(actor)]
     first_metrics = None
     for _ in range(3):
-        step_metrics = actor.train_step(batch, "ppo")
+        step_metrics, _ = actor.train_step(micro, targets, "ppo")
         first_metrics = first_metrics or step_metrics
-        losses.append(batch_loss(actor, batch))
+        losses.append(loss(actor))
     results["dp2_losses"] = losses
     results["dp2_metrics"] = {
         k: first_metrics[k] for k in ("grad_norm", "lr", "clipfrac", "approx_kl") if k in first_metrics
     }
     actor.save(ckpt, {"data_cursor": 7})
-    results["next_loss_saved"] = batch_loss(actor, batch)
+    results["next_loss_saved"] = loss(actor)
     same = Actor(model_dir, BridgeConfig(), optim)
     results["trainer_state"] = same.load(ckpt)
-    results["next_loss_reloaded_same_layout"] = batch_loss(same, batch)
+    results["next_loss_reloaded_same_layout"] = loss(same)
     from agent_r1.learner.actor import _torch_optimizers
 
     def opt_state(a):
@@ -88,9 +85,9 @@ def main() -> None:
         ]
 
     results["opt_state"] = [opt_state(actor), opt_state(same)]
-    same.train_step(batch, "ppo")
-    actor.train_step(batch, "ppo")
-    results["after_step_same"] = [batch_loss(actor, batch), batch_loss(same, batch)]
+    same.train_step(micro, targets, "ppo")
+    actor.train_step(micro, targets, "ppo")
+    results["after_step_same"] = [loss(actor), loss(same)]
     ps.destroy_model_parallel()
 
     for layout in ("2x1", "1x2"):
@@ -98,15 +95,16 @@ def main() -> None:
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
         a = Actor(model_dir, BridgeConfig(tp=tp, pp=pp), optim)
         a.load(ckpt)
-        results[f"next_loss_{layout}"] = batch_loss(a, batch)
+        # the loss of the DP2 run's targets (every rank needs them: take the last stage's)
+        results[f"next_loss_{layout}"] = loss(a)
         fresh = Actor(model_dir, BridgeConfig(tp=tp, pp=pp), optim)
-        fresh_old = fresh.logprobs(trajs)  # collective: every rank runs the schedule
-        # every rank needs the old logprobs: take them from the last stage
-        b2 = StepBatchForLearner(trajs, gather_first(fresh_old), adv)
-        ls = [batch_loss(fresh, b2)]
+        fresh_old = fresh.logprobs(micro, batch.num_action_tokens)  # None before the last stage
+        t2 = PolicyTargets(adv, gather_first(None if fresh_old is None else fresh_old.tolist()))
+        t2.old_logprobs = torch.tensor(t2.old_logprobs)
+        ls = [loss(fresh, t2)]
         for _ in range(3):
-            fresh.train_step(b2, "ppo")
-            ls.append(batch_loss(fresh, b2))
+            fresh.train_step(micro, t2, "ppo")
+            ls.append(loss(fresh, t2))
         results[f"losses_{layout}"] = ls
         ps.destroy_model_parallel()
     finish(rank, results, out)

@@ -4,8 +4,13 @@ the actor's initial logprobs."""
 
 import sys
 
+import pyarrow as pa
 import torch
-from megatron_rank import finish, gather_first, init_rank, synth_trajectories
+from megatron_rank import finish, gather_first, init_rank, synth_batch, synth_records
+
+
+def _list(x):
+    return None if x is None else x.tolist()
 
 
 def main() -> None:
@@ -21,39 +26,43 @@ def main() -> None:
     from megatron.core import parallel_state as ps
     from transformers import AutoConfig
 
-    from agent_r1.learner.actor import Actor, OptimConfig
+    from agent_r1.learner.actor import Actor
     from agent_r1.learner.cpu_compat import apply
     from agent_r1.learner.critic import Critic
+    from agent_r1.learner.optim import OptimConfig
     from megatron_bridge import BridgeConfig
 
     apply()
     vocab = AutoConfig.from_pretrained(model_dir).vocab_size
-    trajs = synth_trajectories(vocab, seed=5)
-    split = [[{**s, "prefix_len": 0}] for steps in trajs for s in steps]  # every step its own sequence
-    n = sum(len(x) for x in trajs)
-    returns = torch.linspace(-1, 1, n).tolist()
-    results = {}
+    from agent_r1.learner.batch import LearnerBatch
+
+    batch = synth_batch(vocab, seed=5)
+    t = synth_records(vocab, seed=5)  # the same records with prefix_len 0: every step its own sequence
+    split = LearnerBatch.from_table(t.set_column(t.column_names.index("prefix_len"), "prefix_len",
+                                                 pa.array([0] * t.num_rows, pa.int32())))  # fmt: skip
+    micro, micro_split = batch.micro_batches(None, 40), split.micro_batches(None, 40)
+    n = batch.num_steps
+    returns = torch.linspace(-1, 1, n)
+    results = {"sequences": [sum(len(mb.bounds) for mb in m) for m in (micro, micro_split)]}
     for layout in ("1x1", "2x1", "1x2"):
         tp, pp = map(int, layout.split("x"))
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
         critic = Critic(model_dir, BridgeConfig(tp=tp, pp=pp), OptimConfig(lr=3e-3, micro_tokens=40))
-        losses = [critic.train_step(trajs, returns)["value_loss"] for _ in range(6)]
+        losses = [critic.train_step(micro, returns)["value_loss"] for _ in range(6)]
         results[f"value_losses_{layout}"] = gather_first(
             losses if ps.is_pipeline_last_stage() else None, world
         )
-        v_merged = gather_first(critic.values(trajs), world)
-        v_split = gather_first(critic.values(split), world)
+        v_merged = gather_first(_list(critic.values(micro, n)), world)
+        v_split = gather_first(_list(critic.values(micro_split, n)), world)
         results[f"value_merge_diff_{layout}"] = max(
             abs(a - b) for a, b in zip(v_merged, v_split, strict=True)
         )
         results[f"values_nonzero_{layout}"] = max(abs(a) for a in v_merged)
         actor = Actor(model_dir, BridgeConfig(tp=tp, pp=pp), OptimConfig())
         ref = Actor(model_dir, BridgeConfig(tp=tp, pp=pp), OptimConfig(), trainable=False)
-        a_lp = gather_first(actor.logprobs(trajs), world)
-        r_lp = gather_first(ref.logprobs(trajs), world)
-        results[f"ref_diff_{layout}"] = max(
-            abs(x - y) for sa, sb in zip(a_lp, r_lp, strict=True) for x, y in zip(sa, sb, strict=True)
-        )
+        a_lp = gather_first(_list(actor.logprobs(micro, batch.num_action_tokens)), world)
+        r_lp = gather_first(_list(ref.logprobs(micro, batch.num_action_tokens)), world)
+        results[f"ref_diff_{layout}"] = max(abs(x - y) for x, y in zip(a_lp, r_lp, strict=True))
         ps.destroy_model_parallel()
     finish(rank, results, out)
 

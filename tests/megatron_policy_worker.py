@@ -5,7 +5,7 @@ import sys
 
 import torch
 import torch.distributed as dist
-from megatron_rank import finish, forward_only, init_rank, synth_trajectories
+from megatron_rank import finish, forward_only, init_rank, per_step_logprobs, synth_batch
 
 
 def main() -> None:
@@ -19,21 +19,10 @@ def main() -> None:
     torch.set_num_threads(1)  # for the HF reference, before the process group exists
     from transformers import AutoModelForCausalLM
 
-    from agent_r1.learner.packing import pack, token_logprobs
-
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
-    trajs = synth_trajectories(hf.config.vocab_size, n=4, seed=1, max_steps=5, longer=True)
-    ref = []
-    with torch.no_grad():
-        for steps in trajs:
-            for s in steps:
-                ids = torch.tensor([s["obs"] + s["action"]])
-                lp, _ = token_logprobs(
-                    hf(input_ids=ids).logits[0], ids[0], torch.arange(len(s["obs"]), ids.shape[1])
-                )
-                ref.append(lp)
-    ref = torch.cat(ref)
-    packed = pack(trajs)
+    batch = synth_batch(hf.config.vocab_size, n=4, seed=1, max_steps=5, longer=True)
+    ref = per_step_logprobs(hf, batch.table)
+    (packed,) = batch.micro_batches(None, 10**9)  # the whole batch, action tokens in flat order
 
     init_rank(rank, world, port)
     import megatron.core  # noqa: F401
@@ -66,13 +55,15 @@ def main() -> None:
 
         def step(it, model, got=got):
             # PackedRotary positions + per-sequence causal SDPA; non-last stages output hidden states
-            out = packed_forward(model, packed)
+            # the output layer projects only the rows before action tokens
+            out = packed_forward(model, packed, packed.label_pos - 1)
             out = out.unsqueeze(0) if ps.is_pipeline_last_stage() else out
 
             def loss(output):
                 v0 = ps.get_tensor_model_parallel_rank() * output.shape[-1]
+                targets = packed.tokens[packed.label_pos]
                 lp, ent = packed_logprobs(
-                    output[0], packed, ps.get_tensor_model_parallel_group(), v0, cfg.vocab_size, chunk=7
+                    output[0], targets, ps.get_tensor_model_parallel_group(), v0, cfg.vocab_size, chunk=7
                 )
                 got["lp"], got["ent"] = lp, ent
                 return lp.sum() * 0.0, {}
@@ -88,6 +79,9 @@ def main() -> None:
         if layout == "1x1":  # the same logits as Megatron's own attention with the N x N mask
             with torch.no_grad():
                 sdpa = packed_forward(model, packed)
+                rows = packed_forward(model, packed, packed.label_pos - 1)
+            results["row_select_vs_all_logits"] = float((rows - sdpa[packed.label_pos - 1]).abs().max())
+            with torch.no_grad():
                 rotary = install_packed_rotary(model)
                 rotary.positions = packed.positions
                 masked = model(

@@ -20,13 +20,11 @@ def gather_first(x, world: int | None = None):
     return next(o for o in objs if o is not None)
 
 
-def synth_trajectories(vocab: int, n: int = 6, seed: int = 2, max_steps: int = 4, longer: bool = False):
-    """Small synthetic append-mode trajectories as the learner's step dicts."""
-    from agent_r1.learner.packing import trajectories_from_records
-    from agent_r1.records.schema import records_from_table
+def synth_records(vocab: int, n: int = 6, seed: int = 2, max_steps: int = 4, longer: bool = False):
+    """Small synthetic append-mode step records (an Arrow table)."""
     from agent_r1.records.synth import synth_table
 
-    t = synth_table(
+    return synth_table(
         n,
         group_size=2,
         max_steps=max_steps,
@@ -36,7 +34,29 @@ def synth_trajectories(vocab: int, n: int = 6, seed: int = 2, max_steps: int = 4
         feedback_len=(1, 4) if longer else (1, 3),
         vocab=vocab,
     )
-    return trajectories_from_records(records_from_table(t))
+
+
+def synth_batch(vocab: int, **kw):
+    """``synth_records`` as the learner's ``LearnerBatch``."""
+    from agent_r1.learner.batch import LearnerBatch
+
+    return LearnerBatch.from_table(synth_records(vocab, **kw))
+
+
+def per_step_logprobs(hf_model, table) -> torch.Tensor:
+    """The independent reference: every step's obs + action through the HF model on its own (no
+    merging, no packing); action-token logprobs flat in step order."""
+    out = []
+    with torch.no_grad():
+        for obs, act in zip(
+            table.column("obs_token_ids").to_pylist(),
+            table.column("action_token_ids").to_pylist(),
+            strict=True,
+        ):
+            ids = torch.tensor([obs + act])
+            logp = torch.log_softmax(hf_model(input_ids=ids).logits[0].double(), -1)
+            out.append(logp[len(obs) - 1 : -1].gather(1, ids[0, len(obs) :, None])[:, 0])
+    return torch.cat(out)
 
 
 def forward_only(model, step, seq_length: int, micro_batch_size: int = 1) -> None:

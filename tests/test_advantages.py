@@ -18,7 +18,7 @@ from agent_r1.algos.advantages import (
 )
 from agent_r1.algos.rewards import RewardError, RunningReturnStd
 from agent_r1.algos.segments import reverse_scan
-from agent_r1.records.batch import to_step_inputs
+from agent_r1.learner.step_inputs import to_step_inputs
 from agent_r1.records.synth import synth_table
 
 F64 = torch.float64

@@ -18,7 +18,7 @@ RANK_SCRIPT = textwrap.dedent(
     import sys, numpy as np, torch, torch.distributed as dist
     from agent_r1.algos.advantages import AdvantageConfig, compute_advantages
     from agent_r1.algos.reduce import TorchReducer
-    from agent_r1.records.batch import to_step_inputs
+    from agent_r1.learner.step_inputs import to_step_inputs
     from agent_r1.records.reader import RecordStore
     rank, world, port, records, estimator, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)

@@ -27,6 +27,10 @@ def test_per_sequence_attention_equals_the_masked_attention(policy_results):
     assert policy_results["sdpa_vs_mask_logits"] < 1e-4
 
 
+def test_output_layer_on_selected_rows_equals_the_full_projection(policy_results):
+    assert policy_results["row_select_vs_all_logits"] < 1e-5
+
+
 def test_vocab_parallel_backward(policy_results):
     assert policy_results["vocab_parallel_value_diff"] < 1e-6
     assert policy_results["vocab_parallel_grad_diff"] < 1e-6

@@ -76,3 +76,20 @@ def test_fp8_fails_cleanly_on_cpu(tiny_model_dir):
         megatron_config(AutoConfig.from_pretrained(tiny_model_dir), BridgeConfig(precision="fp8"))
     with pytest.raises(ValueError, match="parallel.pp=3 must divide num_hidden_layers=2"):
         megatron_config(AutoConfig.from_pretrained(tiny_model_dir), BridgeConfig(pp=3))
+
+
+def test_te_spec_name_mapping_round_trips():
+    from megatron_bridge.weights import from_te_names, to_te_names
+
+    sd = {
+        "decoder.layers.3.input_layernorm.weight": 1,
+        "decoder.layers.3.pre_mlp_layernorm.weight": 2,
+        "decoder.final_layernorm.weight": 3,
+    }
+    te = to_te_names(sd)
+    assert te == {
+        "decoder.layers.3.self_attention.linear_qkv.layer_norm_weight": 1,
+        "decoder.layers.3.mlp.linear_fc1.layer_norm_weight": 2,
+        "decoder.final_layernorm.weight": 3,
+    }
+    assert from_te_names(te) == sd

@@ -40,7 +40,8 @@ def _init(tp: int, pp: int) -> None:
 
 
 def hf_to_megatron(hf: Path, out: Path, tp: int = 1, pp: int = 1) -> None:
-    from agent_r1.learner.actor import Actor, OptimConfig
+    from agent_r1.learner.actor import Actor
+    from agent_r1.learner.optim import OptimConfig
     from megatron_bridge import BridgeConfig
 
     _init(tp, pp)
@@ -51,7 +52,8 @@ def megatron_to_hf(ckpt: Path, hf: Path, out: Path) -> None:
     """Loads the checkpoint into a single-process (TP1, PP1) model and writes HF safetensors."""
     from safetensors.torch import save_file
 
-    from agent_r1.learner.actor import Actor, OptimConfig
+    from agent_r1.learner.actor import Actor
+    from agent_r1.learner.optim import OptimConfig
     from megatron_bridge import BridgeConfig
 
     _init(1, 1)

@@ -122,7 +122,9 @@ def _trajectory_weights(x: StepInputs, reducer: Reducer) -> torch.Tensor:
     """w = (S / T) / |steps of the trajectory|: each trajectory's steps sum to the mean steps."""
     T = x.num_trajectories
     steps = segment_sum(torch.ones_like(x.reward), x.traj, T)
-    tot = reducer.allreduce_sum(torch.tensor([float(x.traj.numel()), float(T)], dtype=torch.float64))
+    tot = reducer.allreduce_sum(
+        torch.tensor([float(x.traj.numel()), float(T)], dtype=torch.float64, device=x.reward.device)
+    )
     return (tot[0] / tot[1]) / steps[x.traj]
 
 
@@ -241,7 +243,7 @@ def token_gae(x: StepInputs, cfg: AdvantageConfig, reducer: Reducer) -> Advantag
     starts[1:] = x.traj[1:] != x.traj[:-1]
     first_of_traj = before[starts]  # (T,) compressed index of each trajectory's first valid token
     ok = upto >= first_of_traj[x.traj]
-    r = torch.zeros(nv, dtype=torch.float64).index_add_(0, upto[ok], x.reward[ok])
+    r = x.reward.new_zeros(nv).index_add_(0, upto[ok], x.reward[ok])
     v = tk.values[valid].to(torch.float64)
     nl = (~segment_ends(traj_of)).to(torch.float64)
     v_next = torch.zeros_like(v)
@@ -251,8 +253,8 @@ def token_gae(x: StepInputs, cfg: AdvantageConfig, reducer: Reducer) -> Advantag
     ret = A + v
     A = whiten(A, reducer=reducer) if cfg.whiten else A
     n = tk.step.numel()
-    full_a = torch.zeros(n, dtype=torch.float64).index_copy_(0, valid, A)
-    full_r = torch.zeros(n, dtype=torch.float64).index_copy_(0, valid, ret)
+    full_a = A.new_zeros(n).index_copy_(0, valid, A)
+    full_r = ret.new_zeros(n).index_copy_(0, valid, ret)
     return Advantages(token_adv=full_a, token_ret=full_r)
 
 

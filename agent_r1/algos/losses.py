@@ -71,12 +71,15 @@ def aggregate(
     mode: str,
     denom: float | None = None,
 ) -> torch.Tensor:
-    """Reduce per-token values to a scalar. ``denom`` overrides the local count (tokens for
-    token-mean, non-empty segments otherwise) so data-parallel ranks can share one global count."""
+    """Reduce per-token values to a scalar: the masked sum (per segment, for the seq-mean modes)
+    over a count of tokens with mask 1 (token-mean) or of segments with at least one such token.
+    The count is local unless ``denom`` gives it: data-parallel learners pass the global count
+    divided by the number of ranks (gradients are averaged over ranks), so the loss is the
+    global mean. A count of 0 divides by 1 (the sum is 0 then)."""
     v = torch.where(mask, x, torch.zeros_like(x))
     if mode == "token-mean":
         n = float(mask.sum()) if denom is None else denom
-        return v.sum() / max(n, 1.0)
+        return v.sum() / (n if n > 0 else 1.0)
     per_seg = segment_sum(v, seg, num_segments)
     count = segment_sum(mask.to(x.dtype), seg, num_segments)
     if mode == "seq-mean-token-mean":
@@ -84,7 +87,7 @@ def aggregate(
     elif mode != "seq-mean-token-sum":
         raise ValueError(f"aggregation mode must be one of {AGG_MODES}, got {mode!r}")
     n = float((count > 0).sum()) if denom is None else denom
-    return per_seg.sum() / max(n, 1.0)
+    return per_seg.sum() / (n if n > 0 else 1.0)
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -190,6 +193,11 @@ POLICY_LOSSES.register("opd")(PolicyLoss(ppo_clip))
 POLICY_LOSSES.register("sft")(PolicyLoss(nll, agg="token-mean"))
 
 
+def resolved_agg(name: str, cfg: LossConfig) -> str:
+    """The aggregation mode loss ``name`` uses: its forced mode (StepPO/PSPO), else ``cfg.agg``."""
+    return POLICY_LOSSES.get(name).agg or cfg.agg
+
+
 def loss_config(name: str, **overrides: Any) -> LossConfig:
     """The loss's defaults (e.g. PSPO's tight clip) with ``overrides`` on top."""
     return LossConfig(**{**POLICY_LOSSES.get(name).defaults, **overrides})
@@ -218,7 +226,7 @@ def policy_loss(
         w = torch.exp((x.old_logprobs - x.rollout_logprobs).clamp(-20, 20)).clamp(max=cfg.tis_cap).detach()
         pg = pg * w
         metrics["tis/weight_mean"] = _masked_mean(w, x.mask)
-    agg = spec.agg or cfg.agg
+    agg = resolved_agg(name, cfg)
     loss = aggregate(pg, x.mask, x.seg, x.num_segments, agg, denom)
     metrics["loss/pg"] = float(loss.detach())
     if cfg.kl_coef:
@@ -254,4 +262,5 @@ __all__ = [
     "kl_penalty",
     "loss_config",
     "policy_loss",
+    "resolved_agg",
 ]

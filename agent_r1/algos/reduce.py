@@ -29,27 +29,35 @@ class LocalReducer:
 
 
 class TorchReducer:
-    def __init__(self, group: Any = None):
+    """Collectives over a torch.distributed group. NCCL moves CUDA tensors only, gloo CPU ones:
+    each collective runs on ``device`` (default: the current CUDA device for an NCCL group, the
+    CPU otherwise) and its result comes back on the input's device."""
+
+    def __init__(self, group: Any = None, device: torch.device | None = None):
         import torch.distributed as dist
 
         self.dist, self.group = dist, group
         self.world = dist.get_world_size(group)
+        if device is None:
+            nccl = dist.get_backend(group) == "nccl"
+            device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        self.device = device
 
     def allreduce_sum(self, t: torch.Tensor) -> torch.Tensor:
-        t = t.clone()
-        self.dist.all_reduce(t, op=self.dist.ReduceOp.SUM, group=self.group)
-        return t
+        x = t.to(self.device, copy=True)
+        self.dist.all_reduce(x, op=self.dist.ReduceOp.SUM, group=self.group)
+        return x.to(t.device)
 
     def allgather_cat(self, t: torch.Tensor) -> torch.Tensor:
-        n = torch.tensor([t.shape[0]], dtype=torch.int64)
+        n = torch.tensor([t.shape[0]], dtype=torch.int64, device=self.device)
         sizes = [torch.zeros_like(n) for _ in range(self.world)]
         self.dist.all_gather(sizes, n, group=self.group)
-        m = int(max(s.item() for s in sizes))
-        padded = torch.zeros((m, *t.shape[1:]), dtype=t.dtype)
+        counts = [int(s) for s in torch.cat(sizes).tolist()]
+        padded = torch.zeros((max(counts), *t.shape[1:]), dtype=t.dtype, device=self.device)
         padded[: t.shape[0]] = t
         out = [torch.zeros_like(padded) for _ in range(self.world)]
-        self.dist.all_gather(out, padded.contiguous(), group=self.group)
-        return torch.cat([o[: int(s.item())] for o, s in zip(out, sizes, strict=True)])
+        self.dist.all_gather(out, padded, group=self.group)
+        return torch.cat([o[:c] for o, c in zip(out, counts, strict=True)]).to(t.device)
 
 
 class MPIReducer:

@@ -45,7 +45,7 @@ class RunningReturnStd:
     def scale(self, r: torch.Tensor, traj: torch.Tensor, reducer: Reducer | None = None) -> torch.Tensor:
         reducer = reducer or LocalReducer()
         g = self.forward_returns(r, traj)
-        tot = reducer.allreduce_sum(torch.stack([torch.tensor(float(g.numel()), dtype=r.dtype), g.sum()]))
+        tot = reducer.allreduce_sum(torch.stack([g.new_tensor(float(g.numel())), g.sum()]))
         n_b = float(tot[0])
         if n_b > 0:
             mean_b = float(tot[1]) / n_b

@@ -10,7 +10,7 @@ from agent_r1.algos.reduce import LocalReducer, Reducer
 
 def segment_sum(x: torch.Tensor, seg: torch.Tensor, num: int) -> torch.Tensor:
     """out[j] = sum of x[i] with seg[i] == j. x (N,), seg (N,) int64 -> (num,)."""
-    return torch.zeros(num, dtype=x.dtype).index_add_(0, seg, x)
+    return x.new_zeros(num).index_add_(0, seg, x)
 
 
 def reverse_scan(x: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
@@ -53,7 +53,7 @@ def group_stats(
     stats = torch.stack([segment_sum(torch.ones_like(x), inv, len(u)), segment_sum(x, inv, len(u))], 1)
     all_keys, all_stats = reducer.allgather_cat(u), reducer.allgather_cat(stats)
     gu, ginv = torch.unique(all_keys, return_inverse=True)
-    g = torch.zeros(len(gu), 2, dtype=x.dtype).index_add_(0, ginv, all_stats)
+    g = x.new_zeros(len(gu), 2).index_add_(0, ginv, all_stats)
     pos = torch.searchsorted(gu, u)
     count, mean = g[pos, 0], g[pos, 1] / g[pos, 0]
     m2 = segment_sum((x - mean[inv]) ** 2, inv, len(u))

@@ -11,60 +11,41 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from agent_r1.algos.losses import POLICY_LOSSES, LossConfig, LossInputs, loss_config, policy_loss
-from agent_r1.learner.packing import Packed, pack_micro_batches
+from agent_r1.algos.losses import LossConfig, LossInputs, loss_config, policy_loss
+from agent_r1.learner.device import learner_device
+from agent_r1.learner.optim import OptimConfig
+from agent_r1.learner.packing import Packed
 from agent_r1.learner.policy import packed_forward, packed_logprobs
 
 
 @dataclass
-class OptimConfig:
-    lr: float = 1e-5
-    min_lr: float = 0.0
-    warmup_steps: int = 0
-    decay_steps: int = 1000  # lr decays (cosine) to min_lr over this many optimizer steps
-    weight_decay: float = 0.0
-    clip_grad: float = 1.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    micro_tokens: int = 4096  # packed tokens per micro-batch
-    distributed_optimizer: bool = True
+class PolicyTargets:
+    """Flat per-action-token (A,) tensors of a ``LearnerBatch`` on the learner's device: what the
+    policy loss reads at each micro-batch's ``act_index``."""
 
-    def __post_init__(self) -> None:
-        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
-            raise ValueError(f"optim.lr must be > 0 and 0 <= min_lr <= lr, got {self.lr}, {self.min_lr}")
-        if self.micro_tokens < 1:
-            raise ValueError(f"optim.micro_tokens must be >= 1, got {self.micro_tokens}")
-
-
-@dataclass
-class StepBatchForLearner:
-    """What one training step consumes: trajectories of step dicts (obs, action, prefix_len, mask)
-    and, per step in the same order, per-token old logprobs and the step's advantage."""
-
-    trajectories: list[list[dict]]
-    old_logprobs: list[list[float]]  # per step, per action token
-    advantages: list[float]  # per step
-    ref_logprobs: list[list[float]] | None = None
-    rollout_logprobs: list[list[float]] | None = None  # as sampled (mismatch metric / TIS)
-    teacher_logprobs: list[list[float]] | None = None  # OPD
-    token_advantages: list[list[float]] | None = None  # token-level estimators (replaces ``advantages``)
-    extra: dict[str, Any] = field(default_factory=dict)
+    advantages: torch.Tensor  # float32, a step's advantage broadcast over its tokens (or per token)
+    old_logprobs: torch.Tensor | None = None  # None: on-policy, this forward's own (detached)
+    ref_logprobs: torch.Tensor | None = None
+    rollout_logprobs: torch.Tensor | None = None  # as sampled (mismatch metric / TIS)
+    teacher_logprobs: torch.Tensor | None = None  # OPD
 
 
 class Actor:
+    """The policy (and, through ``Critic``, the value model): this rank's Megatron stage, its
+    optimizer and scheduler, on ``self.device`` (this rank's GPU, else the CPU)."""
+
     def __init__(
         self,
         hf_dir: str | Path,
         bridge: Any,
         optim: OptimConfig,
         seed: int = 0,
-        value_head: bool = False,
         trainable: bool = True,
     ):
         from megatron.core.distributed import (
@@ -80,27 +61,17 @@ class Actor:
         from megatron_bridge import build_gpt_model, load_hf_weights
 
         self.hf_dir, self.bridge, self.optim_cfg = Path(hf_dir), bridge, optim
+        self.device = learner_device()
         self.hf_config = AutoConfig.from_pretrained(self.hf_dir)
         model_parallel_cuda_manual_seed(seed)
         state = {}
         for f in sorted(self.hf_dir.glob("*.safetensors")):
             state.update(load_file(str(f)))
-        if value_head:  # the critic: untied backbone, scalar head instead of the vocabulary
-            import copy
-
-            self.hf_config = copy.deepcopy(self.hf_config)
-            if getattr(self.hf_config, "tie_word_embeddings", False):
-                self.hf_config.tie_word_embeddings = False
-                state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        self._adapt_hf(state)
         module = build_gpt_model(self.hf_config, bridge)
         load_hf_weights(module, state, self.hf_config)
-        if value_head:
-            from megatron.core import parallel_state as ps
-
-            from agent_r1.learner.critic import ValueHead
-
-            if ps.is_pipeline_last_stage():
-                module.output_layer = ValueHead(self.hf_config.hidden_size, module.config.params_dtype)
+        self._adapt_model(module)
+        module.to(self.device)
         cfg = module.config
         self.trainable = trainable
         if not trainable:  # a frozen reference policy: no DDP, no optimizer
@@ -133,6 +104,12 @@ class Actor:
         self.scheduler = self.make_scheduler(optim)
         self.steps = 0
 
+    def _adapt_hf(self, state: dict[str, torch.Tensor]) -> None:
+        """Hook before the model is built (the critic unties the output layer)."""
+
+    def _adapt_model(self, module: Any) -> None:
+        """Hook after the HF weights are loaded (the critic swaps in its value head)."""
+
     def make_scheduler(self, optim: OptimConfig) -> Any:
         """Warmup + cosine decay of ``optim``'s lr (also used to run a phase, e.g. the warm start,
         at its own learning rate: assign the result to ``self.scheduler``)."""
@@ -159,41 +136,43 @@ class Actor:
     def module(self) -> Any:
         return self.model.module if self.trainable else self.model
 
-    def _tp(self) -> tuple[Any, int]:
+    def _rows(self, mb: Packed) -> torch.Tensor:
+        """The stream positions whose output the loss reads: the logits before each action token."""
+        return mb.label_pos - 1
+
+    def _run(self, micro: list[Packed], loss_fn, forward_only: bool, select_rows: bool = True) -> None:
+        """Megatron's forward-backward schedule over the micro-batches; ``loss_fn(mb, output)``
+        runs on the last pipeline stage with the output at ``self._rows(mb)`` ((rows, V/tp)
+        logits, (rows, 1) values), or at every position without ``select_rows``."""
         from megatron.core import parallel_state as ps
-
-        return ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_rank()
-
-    def _run(self, micro: list[tuple[list[int], Packed]], loss_fn, forward_only: bool) -> None:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         data = iter(micro)
+        last = ps.is_pipeline_last_stage()
 
         def step(data_iterator, model):
-            members, mb = next(data_iterator)
-            out = packed_forward(model, mb)
-            from megatron.core import parallel_state as ps
-
-            if ps.is_pipeline_last_stage():
+            mb = next(data_iterator)
+            out = packed_forward(model, mb, self._rows(mb) if select_rows else None)
+            if last:
                 out = out.unsqueeze(0)
-            return out, lambda output: loss_fn(members, mb, output[0])
+            return out, lambda output: loss_fn(mb, output[0])
 
         get_forward_backward_func()(
             forward_step_func=step,
             data_iterator=data,
             model=[self.model],
             num_microbatches=len(micro),
-            seq_length=max(mb.num_tokens for _, mb in micro),
+            seq_length=max(mb.num_tokens for mb in micro),
             micro_batch_size=1,
             forward_only=forward_only,
         )
 
-    def _update(self, micro: list[tuple[list[int], Packed]], loss_fn) -> dict[str, float]:
+    def _update(self, micro: list[Packed], loss_fn, select_rows: bool = True) -> dict[str, float]:
         """Forward/backward over all micro-batches, one optimizer and LR step; grad norm and lr."""
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        self._run(micro, loss_fn, forward_only=False)
+        self._run(micro, loss_fn, forward_only=False, select_rows=select_rows)
         ok, grad_norm, _ = self.optimizer.step()
         if not ok:
             raise FloatingPointError(
@@ -203,94 +182,93 @@ class Actor:
         self.steps += 1
         return {"grad_norm": float(grad_norm or 0.0), "lr": float(self.optimizer.param_groups[0]["lr"])}
 
+    def _logprobs(self, mb: Packed, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from megatron.core import parallel_state as ps
+
+        group, rank = ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_rank()
+        targets = mb.tokens[mb.label_pos]
+        return packed_logprobs(logits, targets, group, rank * logits.shape[-1], self.hf_config.vocab_size)
+
     # ---- API --------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def logprobs(self, trajectories: list[list[dict]]) -> list[list[float]] | None:
-        """Per-step action-token logprobs (last pipeline stage; None elsewhere)."""
-        micro = pack_micro_batches(trajectories, self.optim_cfg.micro_tokens)
-        group, tp_rank = self._tp()
-        starts = _step_offsets(trajectories)
-        result: dict[int, list[float]] = {}
+    def logprobs(self, micro: list[Packed], num_tokens: int) -> torch.Tensor | None:
+        """(num_tokens,) float32 logprobs of the micro-batches' action tokens at their ``act_index``
+        (NaN elsewhere) on the last pipeline stage; None on the others."""
+        from megatron.core import parallel_state as ps
 
-        def loss_fn(members, mb, logits):
-            lp, _ = packed_logprobs(logits, mb, group, tp_rank * logits.shape[-1], self.hf_config.vocab_size)
-            rows = _global_rows(members, trajectories, starts)
-            for row, step_lp in _split_by_step(lp, mb, rows).items():
-                result[row] = step_lp
+        out = torch.full((num_tokens,), float("nan"), device=self.device)
+
+        def loss_fn(mb, logits):
+            lp, _ = self._logprobs(mb, logits)
+            out[mb.act_index] = lp
             return lp.sum() * 0.0, {}
 
         self.model.eval()
-        self._run(micro, loss_fn, forward_only=True)
-        from megatron.core import parallel_state as ps
-
-        if not ps.is_pipeline_last_stage():
-            return None
-        return [result[i] for i in range(len(result))]
+        if micro:
+            self._run(micro, loss_fn, forward_only=True)
+        return out if ps.is_pipeline_last_stage() else None
 
     def train_step(
-        self, batch: StepBatchForLearner, loss_name: str = "ppo", loss_cfg: LossConfig | None = None
-    ) -> dict[str, float]:
-        """One optimizer step over the batch (all micro-batches accumulated). Returns metrics on the
-        last pipeline stage (grad norm and lr everywhere). Aborts before the update on a non-finite
-        loss, naming the step."""
+        self,
+        micro: list[Packed],
+        targets: PolicyTargets | None,
+        loss_name: str = "ppo",
+        loss_cfg: LossConfig | None = None,
+        denom: float | None = None,
+    ) -> tuple[dict[str, float], torch.Tensor | None]:
+        """One optimizer step over the micro-batches (gradients accumulated). ``targets`` (flat
+        over the batch; None on stages before the last) supply advantages and reference logprobs;
+        ``denom`` is this rank's share of the loss denominator (see ``Learner.update``).
+
+        Returns the metrics (grad norm and lr on every stage) and, on the last stage, the
+        detached logprobs this forward computed (flat, NaN outside the micro-batches). Aborts
+        before the update on a non-finite loss, naming the step."""
         from megatron.core import parallel_state as ps
 
         cfg = loss_cfg or loss_config(loss_name)
-        micro = pack_micro_batches(batch.trajectories, self.optim_cfg.micro_tokens)
-        group, tp_rank = self._tp()
-        starts = _step_offsets(batch.trajectories)
-        n_tokens = sum(len(s["action"]) for t in batch.trajectories for s in t)
-        n_steps = sum(len(t) for t in batch.trajectories)
+        last = ps.is_pipeline_last_stage()
         metrics: dict[str, float] = {}
         nmb = len(micro)
+        seen = None
+        if last:
+            seen = torch.full_like(targets.advantages, float("nan"))
 
-        def loss_fn(members, mb, logits):
-            lp, ent = packed_logprobs(
-                logits, mb, group, tp_rank * logits.shape[-1], self.hf_config.vocab_size
-            )
-            rows = _global_rows(members, batch.trajectories, starts)
-            step_row = rows[mb.label_step]
+        def loss_fn(mb, logits):
+            lp, ent = self._logprobs(mb, logits)
+            idx = mb.act_index
+            seen[idx] = lp.detach()
 
-            def per_token(lists):
-                if lists is None:
-                    return None
-                return torch.cat([torch.tensor(lists[r], dtype=torch.float32) for r in rows.tolist()])
+            def pick(x: torch.Tensor | None) -> torch.Tensor | None:
+                return None if x is None else x[idx]
 
-            old = per_token(batch.old_logprobs)
-            if batch.token_advantages is not None:
-                adv = per_token(batch.token_advantages)
-            else:
-                adv = torch.tensor(batch.advantages, dtype=torch.float32)[step_row]
+            old = targets.old_logprobs
             x = LossInputs(
                 lp,
-                old,
-                adv,
+                lp.detach() if old is None else old[idx],
+                targets.advantages[idx],
                 mb.label_mask,
                 mb.label_step,
                 mb.num_steps,
-                ref_logprobs=per_token(batch.ref_logprobs),
-                rollout_logprobs=per_token(batch.rollout_logprobs),
+                ref_logprobs=pick(targets.ref_logprobs),
+                rollout_logprobs=pick(targets.rollout_logprobs),
                 entropy=ent,
-                teacher_logprobs=per_token(batch.teacher_logprobs),
+                teacher_logprobs=pick(targets.teacher_logprobs),
             )
-            agg = POLICY_LOSSES.get(loss_name).agg or cfg.agg
-            denom = float(n_tokens) if agg == "token-mean" else float(n_steps)
             loss, m = policy_loss(loss_name, x, cfg, denom=denom)
             if not torch.isfinite(loss):
                 raise FloatingPointError(
-                    f"non-finite loss at learner step {self.steps} (micro-batch of trajectories {members})"
+                    f"non-finite loss at learner step {self.steps} "
+                    f"(micro-batch of trajectories {mb.trajectories.tolist()})"
                 )
-            for k, v in m.items():
-                metrics[k] = (
-                    metrics.get(k, 0.0) + v / nmb if not k.startswith("loss/") else metrics.get(k, 0.0) + v
-                )
+            for k, v in m.items():  # loss/* are shares of the total, the rest means over micro-batches
+                metrics[k] = metrics.get(k, 0.0) + (v if k.startswith("loss/") else v / nmb)
             # the schedule divides by the number of micro-batches; our loss is already a share of the total
             return loss * nmb, {}
 
         metrics.update(self._update(micro, loss_fn))
-        if not ps.is_pipeline_last_stage():
-            return {"grad_norm": metrics["grad_norm"], "lr": metrics["lr"]}
-        return metrics
+        if not last:
+            return {"grad_norm": metrics["grad_norm"], "lr": metrics["lr"]}, None
+        return metrics, seen
 
     def export_hf(self):
         """HF-named full tensors of this rank's stage (for weight sync / HF checkpoints)."""
@@ -387,27 +365,3 @@ class Actor:
 def _torch_optimizers(opt: Any) -> list[Any]:
     chained = getattr(opt, "chained_optimizers", [opt])
     return [c.optimizer for c in chained if getattr(c, "optimizer", None) is not None]
-
-
-def _step_offsets(trajectories: list[list[dict]]) -> list[int]:
-    out, n = [], 0
-    for t in trajectories:
-        out.append(n)
-        n += len(t)
-    return out
-
-
-def _global_rows(members: list[int], trajectories: list[list[dict]], starts: list[int]) -> torch.Tensor:
-    """Micro-batch step index -> global step row (steps of the member trajectories, in order)."""
-    return torch.tensor(
-        [starts[i] + k for i in members for k in range(len(trajectories[i]))], dtype=torch.int64
-    )
-
-
-def _split_by_step(values: torch.Tensor, mb: Packed, rows: torch.Tensor) -> dict[int, list[float]]:
-    out: dict[int, list[float]] = {}
-    for local, v in zip(mb.label_step.tolist(), values.tolist(), strict=True):
-        out.setdefault(int(rows[local]), []).append(v)
-    for local in range(mb.num_steps):  # steps without action tokens
-        out.setdefault(int(rows[local]), [])
-    return out

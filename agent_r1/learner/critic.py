@@ -1,16 +1,18 @@
-"""The critic: the same Megatron backbone with a scalar value head, read at each step's start (the
-last observation token), trained by (clipped) value regression on prefix-merged packed streams.
-Also ``ReferencePolicy``: a frozen copy of the initial policy for the KL term."""
+"""The critic: the policy's Megatron backbone with a scalar value head, read at each step's start
+(its last observation token), trained by (clipped) value regression on the same packed
+micro-batches as the policy."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from agent_r1.learner.actor import Actor, OptimConfig, _global_rows, _step_offsets
-from agent_r1.learner.packing import pack_micro_batches
+from agent_r1.learner.actor import Actor
+from agent_r1.learner.optim import OptimConfig
+from agent_r1.learner.packing import Packed
 
 
 class ValueHead(torch.nn.Module):
@@ -37,49 +39,64 @@ class Critic(Actor):
         value_clip: float | None = 0.2,
     ):
         self.value_clip = value_clip
-        super().__init__(hf_dir, bridge, optim, seed, value_head=True)
+        super().__init__(hf_dir, bridge, optim, seed)
 
-    def values(self, trajectories: list[list[dict]]) -> list[float] | None:
-        """V(s_t) at every step start (last pipeline stage; None elsewhere)."""
-        micro = pack_micro_batches(trajectories, self.optim_cfg.micro_tokens)
-        starts = _step_offsets(trajectories)
-        out: dict[int, float] = {}
+    def _adapt_hf(self, state: dict[str, torch.Tensor]) -> None:
+        """Untied backbone: the head replaces the output layer, the embedding stays."""
+        self.hf_config = copy.deepcopy(self.hf_config)
+        if getattr(self.hf_config, "tie_word_embeddings", False):
+            self.hf_config.tie_word_embeddings = False
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]
 
-        def loss_fn(members, mb, values):
-            v = values[mb.step_value_pos, 0]
-            for row, val in zip(
-                _global_rows(members, trajectories, starts).tolist(), v.tolist(), strict=True
-            ):
-                out[row] = val
+    def _adapt_model(self, module: Any) -> None:
+        from megatron.core import parallel_state as ps
+
+        if ps.is_pipeline_last_stage():
+            module.output_layer = ValueHead(self.hf_config.hidden_size, module.config.params_dtype)
+
+    def _rows(self, mb: Packed) -> torch.Tensor:
+        return mb.step_value_pos
+
+    def values(self, micro: list[Packed], num_steps: int) -> torch.Tensor | None:
+        """(num_steps,) float32 V(s_t) at every step start of the micro-batches, at their
+        ``step_index`` (NaN elsewhere), on the last pipeline stage; None on the others."""
+        from megatron.core import parallel_state as ps
+
+        out = torch.full((num_steps,), float("nan"), device=self.device)
+
+        def loss_fn(mb, values):
+            v = values[:, 0].float()
+            out[mb.step_index] = v
             return v.sum() * 0.0, {}
 
         self.model.eval()
         with torch.no_grad():
             self._run(micro, loss_fn, forward_only=True)
-        from megatron.core import parallel_state as ps
-
-        return [out[i] for i in range(len(out))] if ps.is_pipeline_last_stage() else None
+        return out if ps.is_pipeline_last_stage() else None
 
     def train_step(
-        self, trajectories: list[list[dict]], returns: list[float], old_values: list[float] | None = None
+        self,
+        micro: list[Packed],
+        returns: torch.Tensor | None,
+        old_values: torch.Tensor | None = None,
+        denom: float | None = None,
     ) -> dict[str, float]:
-        """One update of 0.5 (V - R)^2 averaged over steps (PPO value clipping around old values)."""
-        micro = pack_micro_batches(trajectories, self.optim_cfg.micro_tokens)
-        starts = _step_offsets(trajectories)
-        n_steps = sum(len(t) for t in trajectories)
+        """One update of 0.5 (V - R)^2 summed over steps / ``denom`` (default: the steps here),
+        PPO-clipped around ``old_values``; ``returns`` / ``old_values`` are flat (S,) over the batch
+        (None on stages before the last)."""
+        n = denom if denom is not None else float(sum(mb.num_steps for mb in micro))
         nmb = len(micro)
         metrics = {"value_loss": 0.0}
 
-        def loss_fn(members, mb, values):
-            rows = _global_rows(members, trajectories, starts)
-            v = values[mb.step_value_pos, 0].float()
-            r = torch.tensor(returns, dtype=torch.float32)[rows]
+        def loss_fn(mb, values):
+            v = values[:, 0].float()
+            r = returns[mb.step_index]
             loss = (v - r) ** 2
             if self.value_clip is not None and old_values is not None:
-                old = torch.tensor(old_values, dtype=torch.float32)[rows]
+                old = old_values[mb.step_index]
                 clipped = old + (v - old).clamp(-self.value_clip, self.value_clip)
                 loss = torch.maximum(loss, (clipped - r) ** 2)
-            loss = 0.5 * loss.sum() / n_steps
+            loss = 0.5 * loss.sum() / max(n, 1.0)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"non-finite value loss at critic step {self.steps}")
             metrics["value_loss"] += float(loss.detach())

@@ -182,31 +182,60 @@ def vocab_parallel_logprob_entropy(
     or beyond ``vocab_size`` (the TP padding of the embedding) are excluded from the softmax."""
     logits = logits.float()
     if vocab_size is not None and vocab_start + logits.shape[-1] > vocab_size:
-        pad = torch.arange(logits.shape[-1]) + vocab_start >= vocab_size
+        pad = torch.arange(logits.shape[-1], device=logits.device) + vocab_start >= vocab_size
         logits = logits.masked_fill(pad, -1e30)  # finite: exp() gives 0 and 0 * logit stays 0
     return _VocabParallelLogprob.apply(logits, targets, vocab_start, group)
 
 
 def packed_logprobs(
     logits: torch.Tensor,
-    packed: Packed,
+    targets: torch.Tensor,
     group: Any = None,
     vocab_start: int = 0,
     vocab_size: int | None = None,
     chunk: int = 2048,
 ):
-    """(A,) logprobs and entropies of every action token of ``packed`` from the model's (N, V/tp)
-    logits (the logits at p - 1 predict the token at p), in chunks of label tokens. ``vocab_size``:
-    the real vocabulary (the model's is padded for TP)."""
+    """(A,) logprobs of ``targets`` and entropies from (A, V/tp) logits, one row per target (the
+    logits of the position before it), in chunks of rows so a long stream never materialises an
+    fp32 (tokens x vocab) tensor. ``vocab_size``: the real vocabulary (the model's is padded for
+    TP)."""
     lps, ents = [], []
-    for a in range(0, packed.label_pos.numel(), chunk):
-        p = packed.label_pos[a : a + chunk]
+    for a in range(0, targets.numel(), chunk):
         lp, ent = vocab_parallel_logprob_entropy(
-            logits[p - 1], packed.tokens[p], vocab_start, group, vocab_size
+            logits[a : a + chunk], targets[a : a + chunk], vocab_start, group, vocab_size
         )
         lps.append(lp)
         ents.append(ent)
+    if not lps:
+        z = logits.new_zeros(0, dtype=torch.float32)
+        return z, z
     return torch.cat(lps), torch.cat(ents)
+
+
+def install_output_rows(model: Any) -> dict[str, Any] | None:
+    """Let the output layer project only chosen rows of the final hidden states (idempotent):
+    while the returned box's ``rows`` is set, ``output_layer`` sees ``hidden[rows]``. The loss
+    reads logits only before action tokens (and the critic only at step starts), so the
+    vocabulary projection and its backward skip every observation token. The layer keeps its
+    name (its ``forward`` is wrapped), so checkpoints and weight export are unchanged. None on
+    stages without an output layer."""
+    m = _unwrap(model)
+    layer = getattr(m, "output_layer", None)
+    if layer is None:
+        return None
+    box = getattr(m, "_output_rows_box", None)
+    if box is not None:
+        return box
+    box = {"rows": None}
+    inner = layer.forward
+
+    def forward(hidden: torch.Tensor, *args: Any, **kwargs: Any):
+        rows = box["rows"]
+        return inner(hidden if rows is None else hidden.index_select(0, rows), *args, **kwargs)
+
+    layer.forward = forward
+    m._output_rows_box = box
+    return box
 
 
 def _uses_te(model: Any) -> bool:
@@ -215,43 +244,52 @@ def _uses_te(model: Any) -> bool:
     return layer is not None and "TE" in type(layer.self_attention.core_attention).__name__
 
 
-def packed_forward(model: Any, packed: Packed) -> torch.Tensor:
+def packed_forward(model: Any, packed: Packed, rows: torch.Tensor | None = None) -> torch.Tensor:
     """GPTModel forward of one packed stream (batch 1): block-diagonal causal attention and
-    per-sequence positions. Returns (N, V/tp) logits on the last pipeline stage.
+    per-sequence positions. Returns the last pipeline stage's output at stream positions ``rows``
+    ((len(rows), V/tp) logits, or values for the critic), at every position when ``rows`` is
+    None; hidden states for the next stage elsewhere.
 
-    Local spec (CPU): an explicit block-diagonal mask and ``PackedRotary`` positions. Transformer
-    Engine spec (GPU): THD ``PackedSeqParams`` with the sequence boundaries, which TE's attention
-    and Megatron's RoPE understand natively (no N x N mask). The TE branch needs a GPU and is not
-    exercised on the CPU test machines."""
+    The micro-batch's tensors are already on the model's device. Local spec: causal attention per
+    sequence (``PackedAttention``) and ``PackedRotary`` positions. Transformer Engine spec (GPU):
+    THD ``PackedSeqParams`` with the sequence boundaries, which TE's attention and Megatron's RoPE
+    understand natively (no N x N mask). The TE branch needs a GPU with Transformer Engine and is
+    not exercised on the CPU test machines."""
     from megatron.core import parallel_state as ps
 
+    out_rows = install_output_rows(model) if rows is not None else None
+    if out_rows is not None:
+        out_rows["rows"] = rows
+    try:
+        out = _forward(model, packed)
+    finally:
+        if out_rows is not None:
+            out_rows["rows"] = None
+    # last stage: (1, rows, V/tp) -> (rows, V/tp); other stages: hidden states for the next stage
+    return out[0] if ps.is_pipeline_last_stage() else out
+
+
+def _forward(model: Any, packed: Packed) -> torch.Tensor:
     if _uses_te(model):
         from megatron.core.packed_seq_params import PackedSeqParams
 
-        cu = packed.cu_seqlens.to(torch.int32).cuda()
-        longest = int((packed.cu_seqlens[1:] - packed.cu_seqlens[:-1]).max())
+        cu = packed.cu_seqlens.to(torch.int32)
+        longest = max(e - a for a, e in packed.bounds)
         params = PackedSeqParams(
             qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest, max_seqlen_kv=longest
         )
-        out = model(
-            packed.tokens.unsqueeze(0).cuda(),
-            packed.positions.unsqueeze(0).cuda(),
-            None,
-            packed_seq_params=params,
+        return model(
+            packed.tokens.unsqueeze(0), packed.positions.unsqueeze(0), None, packed_seq_params=params
         )
-        return out[0] if ps.is_pipeline_last_stage() else out
     rotary = install_packed_rotary(model)
     attention = install_packed_attention(model)
     rotary.positions = packed.positions
     if attention is not None:
-        cu = packed.cu_seqlens.tolist()
-        attention["bounds"] = list(zip(cu[:-1], cu[1:], strict=True))
+        attention["bounds"] = packed.bounds
     try:
         mask = None if attention is not None else packed.attention_mask()
-        out = model(packed.tokens.unsqueeze(0), packed.positions.unsqueeze(0), mask)
+        return model(packed.tokens.unsqueeze(0), packed.positions.unsqueeze(0), mask)
     finally:
         rotary.positions = None
         if attention is not None:
             attention["bounds"] = None
-    # last stage: logits (1, N, V/tp) -> (N, V/tp); other stages: hidden states for the next stage
-    return out[0] if ps.is_pipeline_last_stage() else out

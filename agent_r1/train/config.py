@@ -8,7 +8,6 @@ starts before the whole config is valid.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from agent_r1.algos.advantages import AdvantageConfig
 from agent_r1.algos.losses import LossConfig
+from agent_r1.learner.optim import OptimConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
@@ -188,30 +188,6 @@ class RecipeConfig:
 
 
 @dataclass
-class OptimSlice:
-    lr: float = 1e-5
-    min_lr: float = 0.0
-    warmup_steps: int = 0
-    decay_steps: int = 1000
-    weight_decay: float = 0.0
-    clip_grad: float = 1.0
-    micro_tokens: int = 4096
-
-    def build(self):
-        from agent_r1.learner.actor import OptimConfig
-
-        return OptimConfig(**dataclasses.asdict(self))
-
-    def __post_init__(self) -> None:
-        _check(
-            self.lr > 0 and 0 <= self.min_lr <= self.lr,
-            "optim.lr/min_lr",
-            f"need lr > 0 and 0 <= min_lr <= lr, got {self.lr}, {self.min_lr}",
-        )
-        _check(self.micro_tokens >= 1, "optim.micro_tokens", "must be >= 1")
-
-
-@dataclass
 class SFTConfig:
     """Warm start: supervised steps on the recipe's demonstration trajectories before RL."""
 
@@ -317,7 +293,7 @@ class TrainConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
-    optim: OptimSlice = field(default_factory=OptimSlice)
+    optim: OptimConfig = field(default_factory=OptimConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -258,7 +258,7 @@ class Coordinator:
         if self.group is not None and sorted(servers) == sorted(self.group_servers):
             return
         self._drop_group()
-        from agent_r1.train.roles import node_address
+        from agent_r1.train.run_dir import node_address
 
         self.group = WeightUpdateGroup(servers, master_address=node_address())
         self.loop.run_until_complete(self.group.init(timeout_s=self.cfg.rollout.ready_timeout_s))

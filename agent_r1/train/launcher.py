@@ -241,7 +241,6 @@ class LocalLauncher:
 
 def train_local(cfg: TrainConfig) -> int:
     """``agent-r1 train``: the whole run on this machine."""
-    from agent_r1.train.loop import read_summary
 
     t0 = time.time()
     rd = prepare_run(cfg)
@@ -263,7 +262,7 @@ def train_local(cfg: TrainConfig) -> int:
             rc = launcher.stop_gracefully(cfg.trainer.timeout_s)
     finally:
         launcher.shutdown()
-    s = read_summary(rd)
+    s = rd.read_summary()
     if s:
         s["launch_seconds"] = round(time.time() - t0, 1)  # this launch, model build and start-up included
         atomic_write_json(rd.summary, s)

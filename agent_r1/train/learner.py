@@ -1,8 +1,10 @@
 """Learner role: one rank's policy (and critic / reference) and the update on an iteration's records.
 
 Every learner rank runs ``Learner.update`` on its data-parallel share of the records (whole groups,
-read straight from the shards); advantages are computed with group statistics reduced over the
-data-parallel group, then the configured loss runs over mini-batches and epochs.
+read straight from the shards) as one ``LearnerBatch``; advantages are computed with group
+statistics reduced over the data-parallel group, then the configured loss runs over mini-batches
+and epochs. The loss is a data-parallel-global mean: its denominator counts the trainable tokens
+(or steps) of the mini-batch on every rank.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import dataclasses
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,40 +21,16 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from agent_r1.algos.advantages import ADVANTAGES, compute_advantages
+from agent_r1.algos.losses import loss_config, resolved_agg
+from agent_r1.algos.reduce import TorchReducer
+from agent_r1.learner.actor import Actor, PolicyTargets
+from agent_r1.learner.batch import LearnerBatch
+from agent_r1.learner.critic import Critic
+from agent_r1.learner.device import all_reduce_scalar, collective_device
 from agent_r1.train.config import TrainConfig, bridge_config
 
 log = logging.getLogger("agent_r1.learner")
-
-
-@dataclass
-class Prepared:
-    """One rank's share of an iteration, in the learner's step order."""
-
-    trajectories: list[list[dict]]
-    rollout_logprobs: list[list[float]]
-    versions: list[int]  # policy version of each step
-    table: pa.Table  # in step order
-    batch: Any  # records.batch.StepBatch: the advantage estimators' flat inputs, same order
-
-
-def prepare(
-    table: pa.Table, process_coef: float = 1.0, tokens: bool = False, anchors: bool = False
-) -> Prepared:
-    """Order the records by trajectory and step once: the learner's trajectories and the flat
-    advantage inputs (``to_step_inputs`` with these options) come from the same pass."""
-    from agent_r1.learner.packing import trajectories_from_records
-    from agent_r1.records.batch import to_step_inputs
-    from agent_r1.records.schema import records_from_table
-
-    batch = to_step_inputs(table, process_coef, tokens=tokens, anchors=anchors)
-    records = records_from_table(batch.table)
-    return Prepared(
-        trajectories_from_records(records),
-        [list(r.action_logprobs) for r in records],
-        [r.policy_version for r in records],
-        batch.table,
-        batch,
-    )
 
 
 def _chunks(n: int, k: int) -> list[range]:
@@ -71,28 +48,25 @@ class Learner:
     def __init__(self, cfg: TrainConfig):
         from megatron.core import parallel_state as ps
 
-        from agent_r1.learner.actor import Actor
-        from agent_r1.learner.critic import Critic
-
         self.cfg, self.ps = cfg, ps
         bridge = bridge_config(cfg)
         seed = cfg.trainer.seed
-        self.actor = Actor(cfg.model.path, bridge, cfg.optim.build(), seed=seed)
+        self.actor = Actor(cfg.model.path, bridge, cfg.optim, seed=seed)
+        self.device = self.actor.device
         self.critic = None
         if cfg.algorithm.critic:
-            copt = dataclasses.replace(cfg.optim.build(), lr=cfg.algorithm.critic_lr)
+            copt = dataclasses.replace(cfg.optim, lr=cfg.algorithm.critic_lr)
             self.critic = Critic(cfg.model.path, bridge, copt, seed=seed)
         self.ref = (
-            Actor(cfg.model.path, bridge, cfg.optim.build(), seed=seed, trainable=False)
+            Actor(cfg.model.path, bridge, cfg.optim, seed=seed, trainable=False)
             if cfg.algorithm.reference
             else None
         )
 
     # ---- data-parallel layout -------------------------------------------------------------------
     @property
-    def dp(self) -> tuple[int, int, Any]:
-        ps = self.ps
-        return ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), ps.get_data_parallel_group()
+    def dp_group(self) -> Any:
+        return self.ps.get_data_parallel_group()
 
     @property
     def last_stage(self) -> bool:
@@ -101,112 +75,122 @@ class Learner:
     def read(self, records_dir, iteration: int) -> pa.Table:
         from agent_r1.records.reader import RecordStore
 
-        rank, world, _ = self.dp
+        ps = self.ps
+        rank, world = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         return RecordStore(records_dir).read(iteration, rank, world, by="group")
 
-    def _agree_min(self, n: int) -> int:
-        t = torch.tensor([n], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        return int(t.item())
+    def batch(self, table: pa.Table) -> LearnerBatch:
+        """The iteration's records as the flat batch the update indexes into."""
+        a = self.cfg.algorithm
+        est = ADVANTAGES.get(a.advantage)
+        return LearnerBatch.from_table(
+            table, self.device, a.process_coef, tokens=est.level == "token", anchors="anchor" in est.needs
+        )
+
+    def micro(self, b: LearnerBatch, trajectories: np.ndarray | None = None, cache: bool = True):
+        return b.micro_batches(trajectories, self.cfg.optim.micro_tokens, cache=cache)
+
+    def _plan(self, n: int, iteration: int) -> list[np.ndarray]:
+        """The trajectories of every optimizer step: epochs x mini-batches (the same number on
+        every rank: the update is collective); epochs after the first reshuffle."""
+        a = self.cfg.algorithm
+        k = int(all_reduce_scalar(min(a.mini_batches, max(n, 1)), "min", dtype=torch.int64))
+        if n == 0:
+            raise RuntimeError(f"iteration {iteration}: this learner rank got no trajectories")
+        rng = random.Random(self.cfg.trainer.seed * 1_000_003 + iteration)
+        plan = []
+        for epoch in range(a.epochs):
+            order = list(range(n))
+            if epoch:
+                rng.shuffle(order)
+            plan += [np.array([order[i] for i in chunk], dtype=np.int64) for chunk in _chunks(n, k)]
+        return plan
+
+    def _denominators(self, b: LearnerBatch, sel: np.ndarray, agg: str) -> tuple[float, float]:
+        """This rank's shares (global count / data-parallel ranks; DDP averages gradients) of
+        the policy loss denominator (tokens with mask 1, or steps with at least one) and of the
+        value loss denominator (steps), over the mini-batch on every data-parallel rank."""
+        trainable = b.trainable_per_step[b.steps_of(sel)]
+        counts = torch.tensor(
+            [trainable.sum(), (trainable > 0).sum(), len(trainable)],
+            dtype=torch.float64,
+            device=collective_device(self.dp_group),
+        )
+        dist.all_reduce(counts, group=self.dp_group)
+        share = counts / self.ps.get_data_parallel_world_size()
+        return float(share[0] if agg == "token-mean" else share[1]), float(share[2])
+
+    def _advantages(self, b: LearnerBatch, values: torch.Tensor | None):
+        """Advantages and returns from the batch's step inputs (host, float64; group statistics
+        over the data-parallel group): (A,) float32 per-token advantages on the device, (S,)
+        step returns (or None), metrics."""
+        a = self.cfg.algorithm
+        inputs = b.inputs
+        if values is not None:
+            inputs.value = values.to("cpu", torch.float64)
+            if inputs.tokens is not None:  # token-level estimators: a step's value for each of its tokens
+                inputs.tokens.values = b.per_token(values).to("cpu", torch.float64)
+        adv = compute_advantages(a.advantage, inputs, a.estimator, TorchReducer(self.dp_group))
+        metrics = {f"adv/{k}": v for k, v in adv.metrics.items()}
+        if adv.token_adv is not None:
+            per_token = adv.token_adv.to(self.device, torch.float32)
+        else:
+            metrics["adv/mean"] = float(adv.step_adv.mean()) if adv.step_adv.numel() else 0.0
+            per_token = b.per_token(adv.step_adv.to(self.device, torch.float32))
+        returns = None
+        if adv.step_ret is not None:
+            returns = adv.step_ret.to(self.device, torch.float32)
+        elif values is not None:  # token-level GAE: the critic's target at a step start is the
+            # return at the step's first action token (a step without tokens keeps its value)
+            first = torch.from_numpy(b.act_offsets[:-1]).to(self.device)
+            has = torch.from_numpy(np.diff(b.act_offsets) > 0).to(self.device)
+            token_ret = adv.token_ret.to(self.device, torch.float32)
+            returns = torch.where(has, token_ret[first.clamp(max=max(len(token_ret) - 1, 0))], values)
+        return per_token, returns, metrics
 
     # ---- the update ------------------------------------------------------------------------------
     def update(self, table: pa.Table, version: int, iteration: int) -> dict[str, float]:
         """Old/ref logprobs and values, advantages, then epochs x mini-batches of the loss."""
-        from agent_r1.algos.advantages import ADVANTAGES, compute_advantages
-        from agent_r1.algos.reduce import TorchReducer
-        from agent_r1.learner.actor import StepBatchForLearner
-
         a = self.cfg.algorithm
-        est = ADVANTAGES.get(a.advantage)
-        p = prepare(table, a.process_coef, tokens=est.level == "token", anchors="anchor" in est.needs)
-        trajs = p.trajectories
-        old = self.actor.logprobs(trajs)
-        ref = self.ref.logprobs(trajs) if self.ref is not None else None
-        values = self.critic.values(trajs) if self.critic is not None else None
-        metrics: dict[str, float] = {}
-        adv_step = adv_tok = None
-        teacher = None
+        b = self.batch(table)
+        plan = self._plan(b.num_trajectories, iteration)
+        everything = self.micro(b)
+        # The first optimizer step runs on the weights that generated nothing yet: its own forward
+        # gives their logprobs. Only the other trajectories need an old-logprob pass beforehand.
+        later = np.setdiff1d(np.arange(b.num_trajectories), plan[0])
+        old = self.actor.logprobs(self.micro(b, later), b.num_action_tokens) if later.size else None
+        ref = self.ref.logprobs(everything, b.num_action_tokens) if self.ref is not None else None
+        values = self.critic.values(everything, b.num_steps) if self.critic is not None else None
+        metrics, targets, returns = {}, None, None
         if self.last_stage:
-            batch = p.batch
-            if values is not None:
-                batch.inputs.value = torch.tensor(values, dtype=torch.float64)
-                if est.level == "token":  # a step's value for each of its tokens
-                    per_tok = [v for v, t in zip(values, p.rollout_logprobs, strict=True) for _ in t]
-                    batch.inputs.tokens.values = torch.tensor(per_tok, dtype=torch.float64)
-            _, _, group = self.dp
-            adv = compute_advantages(a.advantage, batch.inputs, a.estimator, TorchReducer(group))
-            metrics.update({f"adv/{k}": v for k, v in adv.metrics.items()})
-            lengths = [len(x) for x in p.rollout_logprobs]
-            if adv.token_adv is not None:
-                adv_tok = _split(adv.token_adv.float().tolist(), lengths)
-            else:
-                adv_step = adv.step_adv.float().tolist()
-                metrics["adv/mean"] = float(np.mean(adv_step)) if adv_step else 0.0
-            if "teacher_logprobs" in p.table.column_names:
-                teacher = p.table.column("teacher_logprobs").to_pylist()
-            returns = adv.step_ret.tolist() if adv.step_ret is not None else None
-            diffs = [
-                abs(o - r)
-                for os_, rs in zip(old, p.rollout_logprobs, strict=True)
-                for o, r in zip(os_, rs, strict=True)
-            ]
-            metrics["mismatch/abs_logprob_diff_rollout_learner"] = float(np.mean(diffs)) if diffs else 0.0
-            metrics["staleness/max"] = float(version - min(p.versions)) if p.versions else 0.0
-            metrics["staleness/mean"] = float(version - np.mean(p.versions)) if p.versions else 0.0
-        else:
-            returns = None
-        # every rank takes the same number of optimizer steps (the update is collective)
-        k = self._agree_min(min(a.mini_batches, max(len(trajs), 1)))
-        if len(trajs) == 0:
-            raise RuntimeError(f"iteration {iteration}: this learner rank got no trajectories")
-        offsets = np.cumsum([0] + [len(t) for t in trajs])
-        rng = random.Random(self.cfg.trainer.seed * 1_000_003 + iteration)
+            adv, returns, metrics = self._advantages(b, values)
+            targets = PolicyTargets(adv, None, ref, b.rollout_logprobs, b.teacher_logprobs)
+        agg = resolved_agg(a.loss, a.policy)
         step_metrics = []
-        bar = tqdm(
-            total=a.epochs * k,
-            desc=f"train {iteration}",
-            unit="step",
-            leave=False,
-            disable=not (self.cfg.trainer.progress and dist.get_rank() == 0),
-        )
-        for epoch in range(a.epochs):
-            order = list(range(len(trajs)))
-            if epoch:
-                rng.shuffle(order)
-            for chunk in _chunks(len(order), k):
-                sel = [order[i] for i in chunk]
-                steps = [s for i in sel for s in range(offsets[i], offsets[i + 1])]
-
-                def pick(xs, steps=steps):
-                    return None if xs is None else [xs[s] for s in steps]
-
-                mb = StepBatchForLearner(
-                    [trajs[i] for i in sel],
-                    pick(old) or [[0.0] * len(x) for x in pick(p.rollout_logprobs)],
-                    pick(adv_step) or [0.0] * len(steps),
-                    ref_logprobs=pick(ref),
-                    rollout_logprobs=pick(p.rollout_logprobs),
-                    teacher_logprobs=pick(teacher),
-                    token_advantages=pick(adv_tok),
-                )
-                m = self.actor.train_step(mb, a.loss, a.policy)
-                if self.critic is not None:
-                    old_v = pick(values)
-                    crit = self.critic.train_step(mb.trajectories, pick(returns), old_v)
-                    m.update({f"critic/{kk}": vv for kk, vv in crit.items()})
-                step_metrics.append(m)
-                bar.update(1)
-        bar.close()
+        show = self.cfg.trainer.progress and dist.get_rank() == 0
+        for i, sel in enumerate(
+            tqdm(plan, desc=f"train {iteration}", unit="step", leave=False, disable=not show)
+        ):
+            micro = self.micro(b, sel)
+            denom, value_denom = self._denominators(b, sel, agg)
+            m, lp = self.actor.train_step(micro, targets, a.loss, a.policy, denom)
+            if i == 0 and targets is not None:  # the old logprobs of the first step's trajectories
+                old = lp if old is None else torch.where(torch.isnan(lp), old, lp)
+                targets.old_logprobs = old
+            if self.critic is not None:
+                crit = self.critic.train_step(micro, returns, values, value_denom)
+                m.update({f"critic/{k}": v for k, v in crit.items()})
+            step_metrics.append(m)
         metrics.update(_mean_metrics(step_metrics))
+        if self.last_stage:
+            metrics.update(_rollout_metrics(b, old, version))
         metrics["train/optimizer_steps"] = float(len(step_metrics))
-        metrics["train/tokens"] = float(
-            sum(len(s["obs"]) - s["prefix_len"] + len(s["action"]) for t in trajs for s in t)
-        )
+        metrics["train/tokens"] = float(b.num_stream_tokens)
         return metrics
 
     def sft(
         self,
-        trajs: list[list[dict]],
+        b: LearnerBatch,
         steps: int,
         batch: int,
         seed: int,
@@ -215,9 +199,6 @@ class Learner:
     ) -> list[float] | None:
         """Warm start: ``steps`` optimizer steps of -log pi on demonstrated actions; None when
         ``stop()`` (a collective, asked every 20 steps) says a stop was requested."""
-        from agent_r1.algos.losses import loss_config
-        from agent_r1.learner.actor import StepBatchForLearner
-
         rng = random.Random(seed)
         losses = []
         c = self.cfg.sft
@@ -229,17 +210,16 @@ class Learner:
             decay_steps=steps,
         )
         self.actor.scheduler = self.actor.make_scheduler(sft)
+        targets = PolicyTargets(torch.zeros(b.num_action_tokens, device=self.device))
+        nll = loss_config("sft")
         bar = tqdm(range(steps), desc="warm start (SFT)", unit="step", disable=not progress, leave=False)
         for step in bar:
             if stop is not None and step % 20 == 0 and stop():
                 bar.close()
                 return None
-            sel = rng.sample(range(len(trajs)), min(batch, len(trajs)))
-            tb = [trajs[i] for i in sel]
-            zeros = [[0.0] * len(s["action"]) for t in tb for s in t]
-            m = self.actor.train_step(
-                StepBatchForLearner(tb, zeros, [0.0] * len(zeros)), "sft", loss_config("sft")
-            )
+            sel = np.array(rng.sample(range(b.num_trajectories), min(batch, b.num_trajectories)))
+            denom, _ = self._denominators(b, sel, "token-mean")
+            m, _ = self.actor.train_step(self.micro(b, sel, cache=False), targets, "sft", nll, denom)
             if "loss/pg" in m:
                 losses.append(m["loss/pg"])
                 bar.set_postfix(nll=f"{m['loss/pg']:.3f}")
@@ -276,9 +256,11 @@ class Learner:
         return state
 
 
-def _split(flat: list[float], lengths: list[int]) -> list[list[float]]:
-    out, i = [], 0
-    for n in lengths:
-        out.append(flat[i : i + n])
-        i += n
-    return out
+def _rollout_metrics(b: LearnerBatch, old: torch.Tensor, version: int) -> dict[str, float]:
+    """Learner-vs-rollout |logprob difference| over every action token, and staleness."""
+    diff = (old - b.rollout_logprobs).abs()
+    return {
+        "mismatch/abs_logprob_diff_rollout_learner": float(diff.mean()) if diff.numel() else 0.0,
+        "staleness/max": float(version - b.versions.min()) if b.versions.size else 0.0,
+        "staleness/mean": float(version - b.versions.mean()) if b.versions.size else 0.0,
+    }

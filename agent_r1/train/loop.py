@@ -20,11 +20,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from agent_r1.learner.device import all_reduce_scalar
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.coordinator import Coordinator, checkpoint_path, find_checkpoint
-from agent_r1.train.learner import Learner, prepare
+from agent_r1.train.learner import Learner
 from agent_r1.train.metrics import Reporter, console_line, rollout_scalars, sample_text
-from agent_r1.train.run_dir import RunDir, atomic_write_json, read_json
+from agent_r1.train.run_dir import RunDir, atomic_write_json
 from agent_r1.train.tasks import StopRequested
 
 log = logging.getLogger("agent_r1.train")
@@ -43,9 +44,7 @@ def install_signal_handlers() -> None:
 
 
 def _any_rank(flag: bool) -> bool:
-    t = torch.tensor([int(flag)], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return bool(all_reduce_scalar(int(flag), "max", dtype=torch.int64))
 
 
 @contextmanager
@@ -115,9 +114,9 @@ class Trainer:
         if self.rank == 0 and not (sft_dir / "iter_000000" / "manifest.json").exists():
             self._write_demonstrations(sft_dir)
         dist.barrier()
-        trajs = prepare(self.learner.read(sft_dir, 0)).trajectories
+        demos = self.learner.batch(self.learner.read(sft_dir, 0))
         losses = self.learner.sft(
-            trajs,
+            demos,
             c.steps,
             c.batch_trajectories,
             c.seed,
@@ -355,7 +354,3 @@ def run_learner(cfg: TrainConfig, rd: RunDir, alive: Any = None) -> dict[str, An
         return Trainer(cfg, rd, alive).run()
     finally:
         ps.destroy_model_parallel()
-
-
-def read_summary(rd: RunDir) -> dict[str, Any]:
-    return read_json(rd.summary) if rd.summary.exists() else {}

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent_r1.train.run_dir import RunDir, atomic_write_json, read_json
+from agent_r1.train.run_dir import RunDir, atomic_write_json, node_address, read_json
 from agent_r1.train.tasks import RoleTimeout
 
 log = logging.getLogger("agent_r1.roles")
@@ -41,28 +41,6 @@ class RoleEnv:
     source: str  # which environment it came from
     address: str  # this node's address, reachable by the other nodes
     launch_id: str  # identifies this launch (a requeued job is a new launch)
-
-
-def node_address() -> str:
-    """This node's address: ``AGENT_R1_HOST``; under Slurm the node's ``NodeAddr`` (several
-    nodes may share one hostname, each with its own address); else the hostname's address."""
-    if os.environ.get("AGENT_R1_HOST"):
-        return os.environ["AGENT_R1_HOST"]
-    node = os.environ.get("SLURMD_NODENAME")
-    if node:
-        try:
-            out = subprocess.run(
-                ["scontrol", "show", "node", node], capture_output=True, text=True, timeout=30, check=True
-            ).stdout
-            for tok in out.split():
-                if tok.startswith("NodeAddr="):
-                    return tok.split("=", 1)[1]
-        except (OSError, subprocess.SubprocessError) as e:
-            log.warning("scontrol show node %s failed (%s); using the hostname's address", node, e)
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
 
 
 def launch_id() -> str:
@@ -231,6 +209,7 @@ def _learner(cfg: Any, rd: RunDir, env: RoleEnv) -> int:
     import torch
     import torch.distributed as dist
 
+    from agent_r1.learner.device import bind_local_gpu
     from agent_r1.train.loop import run_learner
 
     if env.world != cfg.parallel.learner_ranks:
@@ -239,6 +218,7 @@ def _learner(cfg: Any, rd: RunDir, env: RoleEnv) -> int:
         )
     threads = os.environ.get("AGENT_R1_THREADS") or os.environ.get("SLURM_CPUS_PER_TASK") or "1"
     torch.set_num_threads(max(1, int(threads)))
+    bind_local_gpu(env.local_rank)  # before anything touches CUDA: NCCL and Megatron use this device
     url = rendezvous(rd, env, cfg.trainer.timeout_s)
     dist.init_process_group(
         cfg.parallel.backend,

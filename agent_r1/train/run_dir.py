@@ -9,11 +9,16 @@ update consumed) and ``summary.json``.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import socket
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("agent_r1.run_dir")
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -25,6 +30,28 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 def read_json(path: Path) -> Any:
     return json.loads(path.read_text())
+
+
+def node_address() -> str:
+    """This node's address: ``AGENT_R1_HOST``; under Slurm the node's ``NodeAddr`` (several
+    nodes may share one hostname, each with its own address); else the hostname's address."""
+    if os.environ.get("AGENT_R1_HOST"):
+        return os.environ["AGENT_R1_HOST"]
+    node = os.environ.get("SLURMD_NODENAME")
+    if node:
+        try:
+            out = subprocess.run(
+                ["scontrol", "show", "node", node], capture_output=True, text=True, timeout=30, check=True
+            ).stdout
+            for tok in out.split():
+                if tok.startswith("NodeAddr="):
+                    return tok.split("=", 1)[1]
+        except (OSError, subprocess.SubprocessError) as e:
+            log.warning("scontrol show node %s failed (%s); using the hostname's address", node, e)
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -78,3 +105,7 @@ class RunDir:
     @property
     def stopping(self) -> bool:
         return self.stop_flag.exists()
+
+    def read_summary(self) -> dict[str, Any]:
+        """``summary.json`` of a finished (or preempted) run; {} before there is one."""
+        return read_json(self.summary) if self.summary.exists() else {}

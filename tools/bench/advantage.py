@@ -24,7 +24,7 @@ import pyarrow as pa
 import torch
 
 from agent_r1.algos.advantages import AdvantageConfig, compute_advantages
-from agent_r1.records.batch import to_step_inputs
+from agent_r1.learner.step_inputs import to_step_inputs
 from agent_r1.records.reader import RecordStore
 from agent_r1.records.shard import finalize_iteration, write_shard
 from agent_r1.records.synth import synth_table

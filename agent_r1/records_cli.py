@@ -139,7 +139,7 @@ def cmd_advantages(a: argparse.Namespace) -> int:
 
     from agent_r1.algos.advantages import ADVANTAGES, AdvantageConfig, compute_advantages
     from agent_r1.algos.reduce import LocalReducer, MPIReducer
-    from agent_r1.records.batch import to_step_inputs, with_advantages
+    from agent_r1.learner.step_inputs import to_step_inputs, with_advantages
     from agent_r1.records.reader import RecordStore
     from agent_r1.records.shard import finalize_iteration, write_shard
 

@@ -1,0 +1,234 @@
+"""``LearnerBatch``: one rank's share of an iteration as flat columns, built once from the Arrow table.
+
+Everything the learner does with an iteration's records indexes into it:
+
+- steps (S,) in (trajectory, step index) order, with ``traj_steps`` (T + 1,) offsets per trajectory;
+- action tokens (A,) flat in that order, with ``act_offsets`` (S + 1,) per step: rollout logprobs,
+  action mask, teacher logprobs; the learner's logprobs and token advantages come back in this
+  order too;
+- the prefix-merged token stream of every trajectory (DESIGN §2): a step whose observation starts
+  with the previous step's observation + action continues the previous step's sequence, so a
+  T-step trajectory is one sequence over its unique tokens. ``label_pos`` (A,) says where each
+  action token sits in the stream, ``value_pos`` (S,) where each step starts (its last
+  observation token).
+
+The stream is computed once with vector operations; a micro-batch (``Packed``) is an index
+gather of whole trajectories from it, so the old-logprob, reference, value and every optimizer
+pass reuse the same plan. Host-side index arithmetic stays in numpy; the tensors a micro-batch
+and the flat targets hand to the model live on the learner's device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from agent_r1.algos.advantages import StepInputs
+from agent_r1.learner.packing import Packed, first_fit_decreasing
+from agent_r1.learner.step_inputs import to_step_inputs
+from agent_r1.records.synth import ragged_arange
+
+
+def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """concat(arange(s, s + n) for s, n in zip(starts, lengths))."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return np.repeat(np.asarray(starts, dtype=np.int64), lengths) + ragged_arange(lengths)
+
+
+def _exclusive_cumsum(x: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(x) + 1, dtype=np.int64)
+    np.cumsum(x, out=out[1:])
+    return out
+
+
+def _flat(column: pa.ChunkedArray, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """A list column -> (flat values, (rows + 1,) offsets)."""
+    arr = column.combine_chunks()
+    lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
+    values = pc.list_flatten(arr).to_numpy(zero_copy_only=False).astype(dtype)  # a writable copy
+    return values, _exclusive_cumsum(lengths)
+
+
+@dataclass
+class LearnerBatch:
+    table: pa.Table  # the records, in step order
+    inputs: StepInputs  # the advantage estimators' flat inputs (host, float64), same order
+    device: torch.device
+    traj_steps: np.ndarray  # (T + 1,) step offsets of each trajectory
+    act_offsets: np.ndarray  # (S + 1,) action-token offsets of each step
+    versions: np.ndarray  # (S,) policy version that sampled each step
+    # flat per action token (A,), on ``device``
+    action_mask: torch.Tensor  # bool, False = not sampled by the policy (never trained on)
+    rollout_logprobs: torch.Tensor  # float32, as sampled by the engine
+    teacher_logprobs: torch.Tensor | None  # float32 (OPD)
+    # the prefix-merged stream (host)
+    stream_tokens: np.ndarray  # (N,) int64
+    stream_positions: np.ndarray  # (N,) int64, restart at 0 per sequence
+    label_pos: np.ndarray  # (A,) stream index of each action token
+    value_pos: np.ndarray  # (S,) stream index of each step's last observation token
+    traj_tokens: np.ndarray  # (T + 1,) stream offsets of each trajectory
+    step_of_token: np.ndarray  # (A,) step of each action token
+    trainable_per_step: np.ndarray  # (S,) action tokens with mask 1 in each step
+    _plans: dict[tuple[bytes, int], list[Packed]] = field(default_factory=dict, repr=False)
+
+    # ---- construction -----------------------------------------------------------------------------
+    @classmethod
+    def from_table(
+        cls,
+        table: pa.Table,
+        device: torch.device | str = "cpu",
+        process_coef: float = 1.0,
+        tokens: bool = False,
+        anchors: bool = False,
+    ) -> LearnerBatch:
+        """Order the records (``to_step_inputs``: trajectories by first appearance, steps by index;
+        reward checks), then build the flat columns and the merged stream."""
+        sb = to_step_inputs(table, process_coef, tokens=tokens, anchors=anchors)
+        t = sb.table
+        traj = sb.inputs.traj.numpy()
+        S = len(traj)
+        first = np.ones(S, dtype=bool)
+        first[1:] = traj[1:] != traj[:-1]
+        traj_steps = np.append(np.flatnonzero(first), S).astype(np.int64)
+        obs, obs_off = _flat(t.column("obs_token_ids"), np.int64)
+        act, act_off = _flat(t.column("action_token_ids"), np.int64)
+        obs_len, act_len = np.diff(obs_off), np.diff(act_off)
+        prefix = t.column("prefix_len").to_numpy(zero_copy_only=False).astype(np.int64)
+        # a step continues the previous one's sequence when its obs starts with prev obs + action
+        prev_end = np.concatenate([[-1], obs_len[:-1] + act_len[:-1]])
+        merged = ~first & (prefix == prev_end) & (prefix > 0)
+        skip = np.where(merged, prefix, 0)
+        new_obs = obs_len - skip
+        if (new_obs[~merged] == 0).any():
+            i = int(np.flatnonzero(~merged & (new_obs == 0))[0])
+            raise ValueError(
+                f"trajectory {t.column('trajectory_id')[i].as_py()!r} step "
+                f"{t.column('step_index')[i].as_py()}: empty observation"
+            )
+        step_start = _exclusive_cumsum(new_obs + act_len)
+        n = int(step_start[-1])
+        act_start = step_start[:-1] + new_obs
+        tok = np.empty(n, dtype=np.int64)
+        tok[ranges(step_start[:-1], new_obs)] = obs[ranges(obs_off[:-1] + skip, new_obs)]
+        label_pos = ranges(act_start, act_len)
+        tok[label_pos] = act
+        seq_start = np.zeros(n, dtype=bool)
+        seq_start[step_start[:-1][~merged]] = True
+        starts = np.flatnonzero(seq_start)
+        positions = np.arange(n, dtype=np.int64) - starts[np.cumsum(seq_start) - 1]
+        mask, _ = _flat(t.column("action_mask"), np.int8)
+        lp, _ = _flat(t.column("action_logprobs"), np.float32)
+        teacher = None
+        if "teacher_logprobs" in t.column_names:
+            teacher = torch.from_numpy(_flat(t.column("teacher_logprobs"), np.float32)[0]).to(device)
+        return cls(
+            table=t,
+            inputs=sb.inputs,
+            device=torch.device(device),
+            traj_steps=traj_steps,
+            act_offsets=act_off,
+            versions=t.column("policy_version").to_numpy(zero_copy_only=False).astype(np.int64),
+            action_mask=torch.from_numpy(mask != 0).to(device),
+            rollout_logprobs=torch.from_numpy(lp).to(device),
+            teacher_logprobs=teacher,
+            stream_tokens=tok,
+            stream_positions=positions,
+            label_pos=label_pos,
+            value_pos=act_start - 1,
+            traj_tokens=np.append(step_start[traj_steps[:-1]], n).astype(np.int64),
+            step_of_token=np.repeat(np.arange(S, dtype=np.int64), act_len),
+            trainable_per_step=_exclusive_cumsum(mask != 0)[act_off[1:]]
+            - _exclusive_cumsum(mask != 0)[act_off[:-1]],
+        )
+
+    # ---- sizes ------------------------------------------------------------------------------------
+    @property
+    def num_trajectories(self) -> int:
+        return len(self.traj_steps) - 1
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.traj_steps[-1])
+
+    @property
+    def num_action_tokens(self) -> int:
+        return int(self.act_offsets[-1])
+
+    @property
+    def num_stream_tokens(self) -> int:
+        """Tokens one forward over the whole batch costs after prefix merging."""
+        return int(self.traj_tokens[-1])
+
+    def steps_of(self, trajectories: np.ndarray) -> np.ndarray:
+        """(S_sel,) step rows of the given trajectories, in order."""
+        return ranges(self.traj_steps[trajectories], np.diff(self.traj_steps)[trajectories])
+
+    def tokens_of(self, trajectories: np.ndarray) -> np.ndarray:
+        """(A_sel,) action-token indices of the given trajectories, in order."""
+        first = self.act_offsets[self.traj_steps[trajectories]]
+        last = self.act_offsets[self.traj_steps[trajectories + 1]]
+        return ranges(first, last - first)
+
+    def per_token(self, step_values: torch.Tensor) -> torch.Tensor:
+        """(S,) per-step values broadcast to their action tokens: (A,)."""
+        idx = torch.from_numpy(self.step_of_token).to(step_values.device)
+        return step_values[idx]
+
+    # ---- micro-batches ----------------------------------------------------------------------------
+    def micro_batches(
+        self, trajectories: np.ndarray | None, max_tokens: int, cache: bool = True
+    ) -> list[Packed]:
+        """The given trajectories (all when None) as packed micro-batches of at most ``max_tokens``
+        tokens (first-fit decreasing in the given order; a longer trajectory gets one of its
+        own). With ``cache`` the same selection returns the same plan (the old-logprob,
+        reference, value and policy passes over one selection share it)."""
+        sel = np.arange(self.num_trajectories) if trajectories is None else np.asarray(trajectories, np.int64)
+        key = (sel.tobytes(), max_tokens)
+        if key in self._plans:
+            return self._plans[key]
+        lengths = np.diff(self.traj_tokens)[sel]
+        plan = [self._gather(np.sort(sel[b])) for b in first_fit_decreasing(lengths.tolist(), max_tokens)]
+        if cache:
+            self._plans[key] = plan
+        return plan
+
+    def _gather(self, members: np.ndarray) -> Packed:
+        """One micro-batch: the member trajectories' stream segments back to back."""
+        t0, t1 = self.traj_tokens[members], self.traj_tokens[members + 1]
+        lens = t1 - t0
+        tok_idx = ranges(t0, lens)
+        shift = _exclusive_cumsum(lens)[:-1] - t0  # stream index -> micro-batch index
+        steps = self.steps_of(members)
+        n_steps = np.diff(self.traj_steps)[members]
+        acts = self.tokens_of(members)
+        n_acts = self.act_offsets[self.traj_steps[members + 1]] - self.act_offsets[self.traj_steps[members]]
+        local_step = self.step_of_token[acts] - np.repeat(
+            self.traj_steps[members] - _exclusive_cumsum(n_steps)[:-1], n_acts
+        )
+        positions = self.stream_positions[tok_idx]
+        cu = np.append(np.flatnonzero(positions == 0), len(tok_idx)).astype(np.int64)
+        seq_id = np.cumsum(positions == 0) - 1
+
+        def dev(x: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
+
+        act_index = dev(acts)
+        return Packed(
+            tokens=dev(self.stream_tokens[tok_idx]),
+            positions=dev(positions),
+            seq_id=dev(seq_id),
+            cu_seqlens=dev(cu),
+            label_pos=dev(self.label_pos[acts] + np.repeat(shift, n_acts)),
+            label_step=dev(local_step),
+            label_mask=self.action_mask[act_index],
+            num_steps=len(steps),
+            step_value_pos=dev(self.value_pos[steps] + np.repeat(shift, n_steps)),
+            act_index=act_index,
+            step_index=dev(steps),
+            bounds=list(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)),
+            trajectories=members,
+        )

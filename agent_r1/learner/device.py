@@ -1,0 +1,42 @@
+"""Where the learner's tensors live: this rank's GPU when there is one, else the CPU.
+
+Each learner rank binds its GPU from its local rank before anything touches CUDA
+(``bind_local_gpu``); every tensor the learner makes is then created on ``learner_device()``, and
+every collective takes tensors on ``collective_device(group)`` (NCCL only moves CUDA tensors,
+gloo CPU ones), so nothing moves between host and device implicitly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def bind_local_gpu(local_rank: int) -> torch.device:
+    """Make GPU ``local_rank`` this process's current device (no-op without CUDA)."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    return learner_device()
+
+
+def learner_device() -> torch.device:
+    """The current CUDA device when CUDA is available, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def collective_device(group: Any = None) -> torch.device:
+    """The device a collective on ``group`` needs its tensors on: CUDA for NCCL, CPU otherwise."""
+    return learner_device() if dist.get_backend(group) == "nccl" else torch.device("cpu")
+
+
+def all_reduce_scalar(value: float, op: str = "sum", group: Any = None, dtype=torch.float64) -> float:
+    """``value`` reduced over ``group`` (sum, min or max) through a tensor on the right device."""
+    t = torch.tensor([value], dtype=dtype, device=collective_device(group))
+    dist.all_reduce(
+        t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op], group=group
+    )
+    return t.item()
