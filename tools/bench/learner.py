@@ -1,73 +1,227 @@
 #!/usr/bin/env python
-"""Benchmark: training a batch of 5-step append-mode trajectories as prefix-merged packed
-sequences vs the per-step padded rows Agent-R1 and verl use (one row per step, each re-prefilling
-its whole observation). Same Megatron-Core model, same loss (mean action-token logprob),
-forward + backward, in one run.
+"""Learner benchmarks, each against a named baseline in the same run.
 
-    python tools/bench/learner.py [--trajectories 16 --steps 5 --hidden 256 --layers 4]
+1. ``update`` (default): the update phase of one RL iteration -- old logprobs, advantages and every
+   mini-batch step -- through ``Learner.update`` (one columnar ``LearnerBatch``) against the list
+   path it replaced (``tests/learner/list_path.py``: step dicts and Python lists re-packed for
+   every pass, logits at every position), on the same records and the same initial weights, at
+   quickstart size (the tiny Qwen3) and at SmolLM2-135M size (random weights, its exact shape),
+   on several multi-step groups. Each path runs in its own process, so its peak RSS is its own.
+2. ``merge``: training 5-step append-mode trajectories as prefix-merged packed sequences against the
+   per-step padded rows Agent-R1 and verl use (one row per step, each re-prefilling its whole
+   observation); same Megatron-Core model, same loss; plus the merged step at TP2.
+
+    python tools/bench/learner.py [--only update|merge] [--sizes quickstart,smollm2] [--repeat 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
+import socket
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+ROOT = Path(__file__).resolve().parents[2]
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trajectories", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--micro-tokens", type=int, default=1024, help="packed tokens per micro-batch")
-    ap.add_argument("--no-tp2", action="store_true", help="skip the TP2-vs-TP1 step time")
-    ap.add_argument("--tp2-worker", nargs=4, metavar=("RANK", "PORT", "OUT", "MODEL"), help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.tp2_worker:
-        return tp2_worker(a)
-    torch.set_num_threads(a.threads)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29000 + os.getpid() % 1000))
+# (model shape, records) per size; the records: groups of multi-step append-mode trajectories
+SIZES = {
+    "quickstart": dict(
+        model=dict(arch="qwen3", vocab=1024, hidden=64, layers=2, heads=4, kv_heads=2, ffn=192),
+        records=dict(
+            trajectories=128,
+            group_size=8,
+            max_steps=3,
+            prompt_len=(60, 120),
+            action_len=(8, 48),
+            feedback_len=(8, 32),
+        ),  # fmt: skip
+        micro_tokens=4096,
+    ),
+    "smollm2": dict(
+        model=dict(arch="llama", vocab=49152, hidden=576, layers=30, heads=9, kv_heads=3, ffn=1536),
+        records=dict(
+            trajectories=8,
+            group_size=4,
+            max_steps=4,
+            prompt_len=(60, 120),
+            action_len=(16, 48),
+            feedback_len=(8, 32),
+        ),  # fmt: skip
+        micro_tokens=4096,
+    ),
+}
+
+
+def _free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def _init(threads: int) -> None:
+    torch.set_num_threads(threads)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ.setdefault("MASTER_PORT", _free_port())
     dist.init_process_group("gloo", rank=0, world_size=1)
 
-    from agent_r1.learner.packing import pack, pack_micro_batches, per_step_rows
+
+def build_model(out: Path, shape: dict) -> Path:
+    """A random HF model of the given shape (with a tiny tokenizer-free folder: the learner only
+    reads config.json and the safetensors)."""
+    import transformers as tf
+
+    cls = {"qwen3": tf.Qwen3Config, "llama": tf.LlamaConfig}[shape["arch"]]
+    cfg = cls(
+        vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=shape["ffn"],
+        num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv_heads"], head_dim=shape["hidden"] // shape["heads"],
+        max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(out)
+    return out
+
+
+# ---- 1. the update phase ----------------------------------------------------------------------------
+def update_worker(a: argparse.Namespace) -> None:
+    """One path, one size: prints {"seconds": best update time, "rss_mb": peak RSS, metrics}."""
+    path, size, model_dir = a.update_worker
+    _init(a.threads)
+    from megatron.core import parallel_state as ps
+
+    from agent_r1.learner.cpu_compat import apply
+    from agent_r1.records.synth import synth_table
+    from agent_r1.train.config import load_config
+    from agent_r1.train.learner import Learner
+
+    apply()
+    ps.initialize_model_parallel(1, 1)
+    spec = SIZES[size]
+    cfg = load_config(
+        [f"model.path={model_dir}", "model.build=null", "trainer.progress=false",
+         f"optim.micro_tokens={spec['micro_tokens']}", *a.overrides]
+    )  # fmt: skip
+    learner = Learner(cfg)
+    table = synth_table(seed=0, vocab=spec["model"]["vocab"], **spec["records"])
+    if path == "list":
+        sys.path.insert(0, str(ROOT / "tests" / "learner"))
+        import list_path
+
+        def update(it):
+            return list_path.update(learner, table, 1, it)
+    else:
+
+        def update(it):
+            return learner.update(table, 1, it)
+
+    times, m = [], {}
+    for it in range(a.repeat + 1):  # the first is a warm-up
+        t0 = time.perf_counter()
+        m = update(it)
+        if it:
+            times.append(time.perf_counter() - t0)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(
+        json.dumps({"seconds": min(times), "rss_mb": rss, "tokens": m["train/tokens"], "loss": m["loss/pg"]})
+    )
+
+
+def bench_update(a: argparse.Namespace) -> None:
+    tmp = Path(tempfile.mkdtemp())
+    for size in a.sizes.split(","):
+        model = build_model(tmp / size, SIZES[size]["model"])
+        res = {}
+        for path in ("list", "batch"):
+            out = subprocess.run(
+                [sys.executable, __file__, "--update-worker", path, size, str(model), f"--repeat={a.repeat}",
+                 f"--threads={a.threads}", *[f"--override={o}" for o in a.overrides]],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            if out.returncode:
+                sys.exit(f"{path} path at {size} failed:\n{out.stdout[-2000:]}{out.stderr[-4000:]}")
+            res[path] = json.loads(out.stdout.strip().splitlines()[-1])
+        b, ref = res["batch"], res["list"]
+        print(
+            f"{size}: {SIZES[size]['records']['trajectories']} trajectories, {int(b['tokens'])} merged tokens; "
+            f"update {b['seconds']:.3f} s (LearnerBatch) vs {ref['seconds']:.3f} s (list path); "
+            f"peak RSS {b['rss_mb']:.0f} MB vs {ref['rss_mb']:.0f} MB; loss/pg {b['loss']:.6f} vs {ref['loss']:.6f}"
+        )
+        print(
+            f"BENCH learner_update_{size} seconds={b['seconds']:.3f} baseline=list_path "
+            f"ratio={ref['seconds'] / b['seconds']:.2f}"
+        )
+        print(
+            f"BENCH learner_update_{size}_peak_rss mb={b['rss_mb']:.0f} baseline=list_path "
+            f"ratio={ref['rss_mb'] / b['rss_mb']:.2f}"
+        )
+
+
+# ---- 2. prefix merging vs per-step rows -------------------------------------------------------------
+def _merge_setup(a, tp: int, d: str):
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from agent_r1.learner.batch import LearnerBatch
+    from agent_r1.learner.cpu_compat import apply
+    from agent_r1.records.synth import synth_table
+    from megatron_bridge import BridgeConfig, build_gpt_model, load_hf_weights
+
+    apply()
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+    model_parallel_cuda_manual_seed(0)
+    cfg = AutoConfig.from_pretrained(d)
+    model = build_gpt_model(cfg, BridgeConfig(tp=tp))
+    load_hf_weights(model, load_file(f"{d}/model.safetensors"), cfg)
+    t = synth_table(a.trajectories, group_size=4, max_steps=a.steps, seed=0, prompt_len=(96, 160),
+                    action_len=(24, 64), feedback_len=(16, 48), vocab=cfg.vocab_size)  # fmt: skip
+    return model, cfg, LearnerBatch.from_table(t)
+
+
+def _merged_step(model, cfg, micro, n_labels, group=None, rank=0) -> float:
     from agent_r1.learner.policy import packed_forward, packed_logprobs
+
+    model.zero_grad(set_to_none=True)
+    total = 0.0
+    for mb in micro:  # gradient accumulation over packed micro-batches
+        logits = packed_forward(model, mb, mb.label_pos - 1)
+        lp, _ = packed_logprobs(
+            logits, mb.tokens[mb.label_pos], group, rank * logits.shape[-1], cfg.vocab_size
+        )
+        loss = -lp.sum() / n_labels
+        loss.backward()
+        total += float(loss.detach())
+    return total
+
+
+def bench_merge(a: argparse.Namespace) -> None:
     from agent_r1.models.tiny import build_tiny_model
 
-    d = build_tiny_model(
-        tempfile.mkdtemp() + "/m",
-        [f"w{i} " * 3 for i in range(3000)],
-        arch="qwen3",
-        vocab_size=a.vocab,
-        hidden=a.hidden,
-        layers=a.layers,
-        heads=4,
-        kv_heads=2,
-    )
-    model, cfg, trajs = _setup(a, 1, str(d))
-    steps = sum(len(x) for x in trajs)
-    packed = pack(trajs)
-    micro = pack_micro_batches(trajs, a.micro_tokens)
-    n_labels = int(packed.label_pos.numel())
-    rows, lengths = per_step_rows(trajs)
-
-    def merged_step() -> float:
-        model.zero_grad(set_to_none=True)
-        total = 0.0
-        for _, mb in micro:  # gradient accumulation over packed micro-batches
-            lp, _ = packed_logprobs(packed_forward(model, mb), mb, vocab_size=cfg.vocab_size)
-            loss = -lp.sum() / n_labels
-            loss.backward()
-            total += float(loss.detach())
-        return total
+    _init(a.threads)
+    d = build_tiny_model(tempfile.mkdtemp() + "/m", [f"w{i} " * 3 for i in range(3000)], arch="qwen3",
+                         vocab_size=a.vocab, hidden=a.hidden, layers=a.layers, heads=4, kv_heads=2)  # fmt: skip
+    model, cfg, b = _merge_setup(a, 1, str(d))
+    micro = b.micro_batches(None, a.micro_tokens)
+    n_labels = b.num_action_tokens
+    obs = b.table.column("obs_token_ids").to_pylist()
+    act = b.table.column("action_token_ids").to_pylist()
+    seqs = [o + x for o, x in zip(obs, act, strict=True)]
+    L = max(map(len, seqs))
+    rows = torch.zeros(len(seqs), L, dtype=torch.int64)
+    mask = torch.zeros(len(seqs), L - 1, dtype=torch.bool)
+    for i, (s, o) in enumerate(zip(seqs, obs, strict=True)):
+        rows[i, : len(s)] = torch.tensor(s)
+        mask[i, len(o) - 1 : len(s) - 1] = True
 
     def padded_step() -> float:
         model.zero_grad(set_to_none=True)
@@ -76,12 +230,6 @@ def main() -> None:
         logp = torch.log_softmax(logits[:, :-1, : cfg.vocab_size].float(), -1).gather(-1, rows[:, 1:, None])[
             ..., 0
         ]
-        mask = torch.zeros(B, S - 1, dtype=torch.bool)
-        i = 0
-        for steps_ in trajs:
-            for s in steps_:
-                mask[i, len(s["obs"]) - 1 : len(s["obs"]) + len(s["action"]) - 1] = True
-                i += 1
         loss = -(logp * mask).sum() / mask.sum()
         loss.backward()
         return float(loss.detach())
@@ -95,12 +243,11 @@ def main() -> None:
             ts.append(time.perf_counter() - t0)
         return min(ts), val
 
-    t_m, l_m = best(merged_step)
+    t_m, l_m = best(lambda: _merged_step(model, cfg, micro, n_labels))
     t_p, l_p = best(padded_step)
-    tok_m, tok_p, tok_unpadded = packed.num_tokens, rows.numel(), int(lengths.sum())
-    print(
-        f"{len(trajs)} trajectories, {steps} steps, {len(micro)} packed micro-batches; loss merged {l_m:.6f} vs per-step {l_p:.6f} (same objective)"
-    )
+    tok_m, tok_p, tok_unpadded = b.num_stream_tokens, rows.numel(), sum(map(len, seqs))
+    print(f"{b.num_trajectories} trajectories, {b.num_steps} steps, {len(micro)} packed micro-batches; "
+          f"loss merged {l_m:.6f} vs per-step {l_p:.6f} (same objective)")  # fmt: skip
     print(f"tokens: merged packed {tok_m}, per-step rows {tok_unpadded} unpadded / {tok_p} padded")
     print(f"time: merged {t_m:.3f} s, per-step padded {t_p:.3f} s")
     assert abs(l_m - l_p) < 1e-4, "the two layouts must compute the same loss"
@@ -111,93 +258,36 @@ def main() -> None:
         f"BENCH learner_prefix_merge_time seconds={t_m:.3f} baseline=per_step_padded_rows ratio={t_p / t_m:.2f}"
     )
     dist.destroy_process_group()
-    if not a.no_tp2:
-        # the same merged step at TP2: two processes with one thread each (the TP1 run had 2 threads)
-        import json
-        import socket
-        import subprocess
-        import sys
-
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = str(sock.getsockname()[1])
-        out = tempfile.mktemp(suffix=".json")
-        args = [
-            f"--trajectories={a.trajectories}",
-            f"--steps={a.steps}",
-            f"--hidden={a.hidden}",
-            f"--layers={a.layers}",
-            f"--vocab={a.vocab}",
-            f"--repeat={a.repeat}",
-            f"--micro-tokens={a.micro_tokens}",
-        ]
-        procs = [
-            subprocess.Popen([sys.executable, __file__, *args, "--tp2-worker", str(r), port, out, str(d)])
-            for r in range(2)
-        ]
-        assert all(p.wait() == 0 for p in procs)
-        with open(out) as f:
-            t_tp2 = json.load(f)["seconds"]
-        print(
-            f"time: merged step TP1 (1 process x 2 threads) {t_m:.3f} s, TP2 (2 processes x 1 thread) {t_tp2:.3f} s"
-        )
-        print(f"BENCH learner_tp2_step seconds={t_tp2:.3f} baseline=tp1_2threads ratio={t_m / t_tp2:.2f}")
-
-
-def _setup(a, tp: int, d: str):
-    """The TP1 run's model (HF folder ``d``) at ``tp`` and the benchmark trajectories."""
-    from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-    from safetensors.torch import load_file
-    from transformers import AutoConfig
-
-    from agent_r1.learner.cpu_compat import apply
-    from agent_r1.learner.packing import trajectories_from_records
-    from agent_r1.records.schema import records_from_table
-    from agent_r1.records.synth import synth_table
-    from megatron_bridge import BridgeConfig, build_gpt_model, load_hf_weights
-
-    apply()
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp)
-    model_parallel_cuda_manual_seed(0)
-    cfg = AutoConfig.from_pretrained(d)
-    model = build_gpt_model(cfg, BridgeConfig(tp=tp))
-    load_hf_weights(model, load_file(f"{d}/model.safetensors"), cfg)
-    t = synth_table(
-        a.trajectories,
-        group_size=4,
-        max_steps=a.steps,
-        seed=0,
-        prompt_len=(96, 160),
-        action_len=(24, 64),
-        feedback_len=(16, 48),
-        vocab=cfg.vocab_size,
+    if a.no_tp2:
+        return
+    # the same merged step at TP2: two processes with one thread each (the TP1 run had 2 threads)
+    port, out = _free_port(), tempfile.mktemp(suffix=".json")
+    args = [f"--trajectories={a.trajectories}", f"--steps={a.steps}", f"--hidden={a.hidden}",
+            f"--layers={a.layers}", f"--vocab={a.vocab}", f"--repeat={a.repeat}", f"--micro-tokens={a.micro_tokens}"]  # fmt: skip
+    procs = [
+        subprocess.Popen([sys.executable, __file__, *args, "--tp2-worker", str(r), port, out, str(d)])
+        for r in range(2)
+    ]
+    assert all(p.wait() == 0 for p in procs)
+    t_tp2 = json.loads(Path(out).read_text())["seconds"]
+    print(
+        f"time: merged step TP1 (1 process x 2 threads) {t_m:.3f} s, TP2 (2 processes x 1 thread) {t_tp2:.3f} s"
     )
-    return model, cfg, trajectories_from_records(records_from_table(t))
+    print(f"BENCH learner_tp2_step seconds={t_tp2:.3f} baseline=tp1_2threads ratio={t_m / t_tp2:.2f}")
 
 
 def tp2_worker(a) -> None:
-    import json
-
     rank, port, out, model_dir = int(a.tp2_worker[0]), a.tp2_worker[1], a.tp2_worker[2], a.tp2_worker[3]
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     from megatron.core import parallel_state as ps
 
-    from agent_r1.learner.packing import pack, pack_micro_batches
-    from agent_r1.learner.policy import packed_forward, packed_logprobs
-
-    model, cfg, trajs = _setup(a, 2, model_dir)
-    micro = pack_micro_batches(trajs, a.micro_tokens)
-    n_labels = int(pack(trajs).label_pos.numel())
+    model, cfg, b = _merge_setup(a, 2, model_dir)
+    micro = b.micro_batches(None, a.micro_tokens)
     group = ps.get_tensor_model_parallel_group()
 
     def step() -> None:
-        model.zero_grad(set_to_none=True)
-        for _, mb in micro:
-            logits = packed_forward(model, mb)
-            lp, _ = packed_logprobs(logits, mb, group, rank * logits.shape[-1], cfg.vocab_size)
-            (-lp.sum() / n_labels).backward()
+        _merged_step(model, cfg, micro, b.num_action_tokens, group, rank)
 
     step()
     ts = []
@@ -208,9 +298,37 @@ def tp2_worker(a) -> None:
         dist.barrier()
         ts.append(time.perf_counter() - t0)
     if rank == 0:
-        with open(out, "w") as f:
-            json.dump({"seconds": min(ts)}, f)
+        Path(out).write_text(json.dumps({"seconds": min(ts)}))
     dist.destroy_process_group()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", choices=("update", "merge"), help="run one benchmark (default: both)")
+    ap.add_argument("--sizes", default="quickstart,smollm2", help="update benchmark sizes")
+    ap.add_argument(
+        "--override", dest="overrides", action="append", default=[], help="config override (update)"
+    )
+    ap.add_argument("--trajectories", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--micro-tokens", type=int, default=1024, help="packed tokens per micro-batch (merge)")
+    ap.add_argument("--no-tp2", action="store_true", help="skip the TP2-vs-TP1 step time")
+    ap.add_argument("--update-worker", nargs=3, metavar=("PATH", "SIZE", "MODEL"), help=argparse.SUPPRESS)
+    ap.add_argument("--tp2-worker", nargs=4, metavar=("RANK", "PORT", "OUT", "MODEL"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.update_worker:
+        return update_worker(a)
+    if a.tp2_worker:
+        return tp2_worker(a)
+    if a.only in (None, "update"):
+        bench_update(a)
+    if a.only in (None, "merge"):
+        bench_merge(a)
 
 
 if __name__ == "__main__":
