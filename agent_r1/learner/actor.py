@@ -83,6 +83,7 @@ class Actor:
             grad_reduce_in_fp32=True, use_distributed_optimizer=optim.distributed_optimizer
         )
         self.model = DistributedDataParallel(cfg, ddp, module)
+        _skip_single_rank_sync(self.model)
         cfg.finalize_model_grads_func = finalize_model_grads
         cfg.no_sync_func = self.model.no_sync
         cfg.grad_sync_func = self.model.start_grad_sync
@@ -360,6 +361,24 @@ class Actor:
         if self.scheduler is not None and meta["scheduler"] is not None:
             self.scheduler.load_state_dict(meta["scheduler"])
         return meta["trainer"]
+
+
+def _skip_single_rank_sync(model: Any) -> None:
+    """With one data-parallel rank there is nothing to reduce or gather, but Megatron's buckets
+    would still send every gradient (reduce-scatter / all-reduce) and every parameter
+    (all-gather) through a one-rank collective, a full copy of the model each way per step."""
+    from megatron.core import parallel_state as ps
+
+    if ps.get_data_parallel_world_size(with_context_parallel=True) != 1:
+        return
+    for group in [*model.bucket_groups, *model.expert_parallel_bucket_groups]:
+        assert all(b.gradient_scaling_factor == 1.0 for b in group.buckets)  # 1 / dp: nothing to scale
+        group.start_grad_sync = _noop
+        group.start_param_sync = _noop
+
+
+def _noop(*args: Any, **kwargs: Any) -> None:
+    return None
 
 
 def _torch_optimizers(opt: Any) -> list[Any]:

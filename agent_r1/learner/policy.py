@@ -10,8 +10,10 @@ stream never materialises an fp32 (tokens x vocab) tensor.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -54,14 +56,62 @@ def install_packed_rotary(model: Any) -> PackedRotary:
     return model.rotary_pos_emb
 
 
+@dataclass
+class _Bucket:
+    rows: torch.Tensor  # (nb * L,) stream rows gathered into the padded block (a pad repeats a real row)
+    keep: torch.Tensor | None  # (real rows,) their places in the block; None: no padding
+    mask: torch.Tensor | None  # (nb, 1, L, L) bool, True = attend; None: one sequence, plain causal
+    nb: int
+    L: int
+
+
+@dataclass
+class AttentionPlan:
+    """The sequences of a packed stream in buckets of similar length: one SDPA call per bucket
+    (padded, with a causal + key-padding mask) instead of one per sequence. ``perm`` puts the
+    buckets' real rows back in stream order."""
+
+    buckets: list[_Bucket]
+    perm: torch.Tensor
+
+    @classmethod
+    def of(cls, bounds: list[tuple[int, int]], device: torch.device, fill: float = 0.8) -> AttentionPlan:
+        """Buckets from the longest sequence down, each at least ``fill`` real rows."""
+        starts = np.array([a for a, _ in bounds], dtype=np.int64)
+        lengths = np.array([e - a for a, e in bounds], dtype=np.int64)
+        order = np.argsort(-lengths, kind="stable")
+        buckets, dest, i = [], [], 0
+        while i < len(order):
+            L, j, total = int(lengths[order[i]]), i, 0
+            while j < len(order) and total + lengths[order[j]] >= fill * L * (j - i + 1):
+                total += int(lengths[order[j]])
+                j += 1
+            members = order[i:j]
+            pos = np.arange(L)
+            valid = pos[None, :] < lengths[members][:, None]  # (nb, L)
+            rows = np.where(valid, starts[members][:, None] + pos[None, :], starts[members][:, None]).ravel()
+            keep = np.flatnonzero(valid.ravel())
+            dest.append(rows[keep])
+            t = lambda x: torch.from_numpy(x).to(device)  # noqa: E731
+            if j - i == 1:
+                buckets.append(_Bucket(t(rows), None, None, 1, L))
+            else:
+                causal = np.tril(np.ones((L, L), dtype=bool))
+                mask = causal[None, None] & valid[:, None, None, :]
+                buckets.append(_Bucket(t(rows), t(keep), t(mask), j - i, L))
+            i = j
+        return cls(buckets, torch.from_numpy(np.argsort(np.concatenate(dest))).to(device))
+
+
 class PackedAttention(torch.nn.Module):
     """Drop-in for a local-spec ``core_attention`` (Megatron's ``DotProductAttention``, which
-    needs an N x N mask): while ``bounds`` is set, causal SDPA within each packed sequence."""
+    needs an N x N mask): while the box holds a plan, causal SDPA within each packed sequence,
+    sequences of similar length batched into one call (``AttentionPlan``)."""
 
     def __init__(self, inner: torch.nn.Module, box: dict[str, Any]):
         super().__init__()
         self.inner = inner
-        self.box = box  # shared by every layer: {"bounds": [(start, end), ...] or None}
+        self.box = box  # shared by every layer: {"plan": AttentionPlan or None}
 
     def forward(
         self,
@@ -73,25 +123,26 @@ class PackedAttention(torch.nn.Module):
         attention_bias: Any = None,
         packed_seq_params: Any = None,
     ) -> torch.Tensor:
-        bounds = self.box["bounds"]
-        if bounds is None:
+        plan: AttentionPlan | None = self.box["plan"]
+        if plan is None:
             return self.inner(
                 query, key, value, attention_mask, attn_mask_type, attention_bias, packed_seq_params
             )
-        sq, b, heads, hn = query.shape  # [s, b, heads, hn]; key/value [s, b, groups, hn]
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        outs = [
-            F.scaled_dot_product_attention(
-                q[:, :, a:e],
-                k[:, :, a:e],
-                v[:, :, a:e],
-                is_causal=True,
-                scale=self.inner.softmax_scale,
-                enable_gqa=k.shape[1] != heads,
+        sq, b, heads, hn = query.shape  # [s, 1, heads, hn]; key/value [s, 1, groups, hn]
+        q, k, v = query[:, 0], key[:, 0], value[:, 0]
+        outs = []
+        for bk in plan.buckets:
+            qb, kb, vb = (
+                x.index_select(0, bk.rows).view(bk.nb, bk.L, x.shape[1], hn).transpose(1, 2)
+                for x in (q, k, v)
             )
-            for a, e in bounds
-        ]
-        return torch.cat(outs, 2).permute(2, 0, 1, 3).reshape(sq, b, heads * hn)
+            o = F.scaled_dot_product_attention(
+                qb, kb, vb, attn_mask=bk.mask, is_causal=bk.mask is None, scale=self.inner.softmax_scale,
+                enable_gqa=kb.shape[1] != heads,
+            )  # fmt: skip
+            o = o.transpose(1, 2).reshape(bk.nb * bk.L, heads * hn)
+            outs.append(o if bk.keep is None else o.index_select(0, bk.keep))
+        return torch.cat(outs).index_select(0, plan.perm).view(sq, b, heads * hn)
 
 
 def _unwrap(model: Any) -> Any:
@@ -122,7 +173,7 @@ def install_packed_attention(model: Any) -> dict[str, Any] | None:
     )
     if not ok:
         return None
-    box = {"bounds": None}
+    box = {"plan": None}
     for layer, core in zip(layers, cores, strict=True):
         layer.self_attention.core_attention = PackedAttention(core, box)
     m._packed_attention_box = box
@@ -133,40 +184,38 @@ class _VocabParallelLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, vocab_start: int, group: Any):
         """logits (A, V/tp) float32, targets (A,) global ids -> logprob (A,), entropy (A,)."""
+        ctx.set_materialize_grads(False)  # an unused output (the entropy, usually) gets no gradient
         m = logits.max(-1).values
         if group is not None:
             dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
         z = logits - m.unsqueeze(-1)
         ex = z.exp()
-        local = targets - vocab_start
-        inside = (local >= 0) & (local < logits.shape[-1])
-        tz = torch.where(
-            inside,
-            z.gather(-1, local.clamp(0, logits.shape[-1] - 1).unsqueeze(-1)).squeeze(-1),
-            torch.zeros_like(m),
-        )
-        stats = torch.stack([ex.sum(-1), (ex * z).sum(-1), tz], -1)
+        local = (targets - vocab_start).clamp(0, logits.shape[-1] - 1)
+        inside = (targets >= vocab_start) & (targets < vocab_start + logits.shape[-1])
+        tz = torch.where(inside, z.gather(-1, local.unsqueeze(-1)).squeeze(-1), torch.zeros_like(m))
+        ez = torch.bmm(ex.unsqueeze(1), z.unsqueeze(2)).view(-1)  # sum_j ex_j z_j without an (A, V) product
+        stats = torch.stack([ex.sum(-1), ez, tz], -1)
         if group is not None:
             dist.all_reduce(stats, group=group)
         sumexp, ez, tz = stats.unbind(-1)
         lse = sumexp.log()
         logprob = tz - lse
         entropy = lse - ez / sumexp
-        p = ex / sumexp.unsqueeze(-1)
-        ctx.save_for_backward(p, z, local, inside, lse, entropy)
+        ctx.save_for_backward(ex, z, local, inside, sumexp, lse, entropy)
         return logprob, entropy
 
     @staticmethod
-    def backward(ctx, g_lp: torch.Tensor, g_ent: torch.Tensor):
-        p, z, local, inside, lse, entropy = ctx.saved_tensors
-        # d logprob / d z_j = 1[j = target] - p_j ;  d H / d z_j = -p_j (log p_j + H)
-        grad = -p * g_lp.unsqueeze(-1)
-        onehot = torch.zeros_like(p).scatter_(
-            -1, local.clamp(0, p.shape[-1] - 1).unsqueeze(-1), 1.0
-        ) * inside.unsqueeze(-1)
-        grad = grad + onehot * g_lp.unsqueeze(-1)
-        logp = z - lse.unsqueeze(-1)
-        grad = grad - p * (logp + entropy.unsqueeze(-1)) * g_ent.unsqueeze(-1)
+    def backward(ctx, g_lp: torch.Tensor | None, g_ent: torch.Tensor | None):
+        ex, z, local, inside, sumexp, lse, entropy = ctx.saved_tensors
+        # p_j = ex_j / sumexp;  d logprob / d z_j = 1[j = target] - p_j;  d H / d z_j = -p_j (log p_j + H)
+        coef = torch.zeros_like(sumexp) if g_lp is None else -g_lp
+        if g_ent is None:
+            grad = ex * (coef / sumexp).unsqueeze(-1)
+        else:  # log p_j + H = z_j - lse + H
+            shift = (entropy - lse).unsqueeze(-1)
+            grad = ex * (coef.unsqueeze(-1) - (z + shift) * g_ent.unsqueeze(-1)) / sumexp.unsqueeze(-1)
+        if g_lp is not None:
+            grad.scatter_add_(-1, local.unsqueeze(-1), (g_lp * inside).unsqueeze(-1))
         return grad, None, None, None
 
 
@@ -285,11 +334,11 @@ def _forward(model: Any, packed: Packed) -> torch.Tensor:
     attention = install_packed_attention(model)
     rotary.positions = packed.positions
     if attention is not None:
-        attention["bounds"] = packed.bounds
+        attention["plan"] = AttentionPlan.of(packed.bounds, packed.tokens.device)
     try:
         mask = None if attention is not None else packed.attention_mask()
         return model(packed.tokens.unsqueeze(0), packed.positions.unsqueeze(0), mask)
     finally:
         rotary.positions = None
         if attention is not None:
-            attention["bounds"] = None
+            attention["plan"] = None

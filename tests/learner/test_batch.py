@@ -180,5 +180,6 @@ def test_data_parallel_loss_is_the_global_mean(tiny_model_dir, tmp_path, agg):
     spawn_ranks(WORKER, 2, "dp", tiny_model_dir, two, f"algorithm.policy.agg={agg}")
     a, b = json.loads(one.read_text()), json.loads(two.read_text())
     assert b["rows"] != a["rows"] - b["rows"]  # rank 0 and rank 1 hold different amounts
-    for p, g in a["grads"].items():
-        assert np.allclose(g, b["grads"][p], rtol=0, atol=1e-6), p
+    for p, g in a["grads"].items():  # float32 sums in another order: 1e-6 of the largest entry
+        g, h = np.asarray(g), np.asarray(b["grads"][p])
+        assert np.abs(g - h).max() <= 1e-6 * max(1.0, np.abs(g).max()), p

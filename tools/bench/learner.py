@@ -2,11 +2,14 @@
 """Learner benchmarks, each against a named baseline in the same run.
 
 1. ``update`` (default): the update phase of one RL iteration -- old logprobs, advantages and every
-   mini-batch step -- through ``Learner.update`` (one columnar ``LearnerBatch``) against the list
-   path it replaced (``tests/learner/list_path.py``: step dicts and Python lists re-packed for
-   every pass, logits at every position), on the same records and the same initial weights, at
-   quickstart size (the tiny Qwen3) and at SmolLM2-135M size (random weights, its exact shape),
-   on several multi-step groups. Each path runs in its own process, so its peak RSS is its own.
+   mini-batch step -- through ``Learner.update`` (one columnar ``LearnerBatch``) against the code
+   path it replaced: the package as it was at ``--baseline`` (default 8701c8b, main before the
+   columnar batch; extracted with ``git archive``: step dicts and Python lists re-packed for every
+   pass, logits at every position, a separate old-logprob forward), or ``--baseline list`` for the
+   frozen list path of ``tests/learner/list_path.py`` running on today's model code. Same records,
+   same initial weights, at quickstart size (the tiny Qwen3) and at SmolLM2-135M size (random
+   weights, its exact shape), on several multi-step groups. Each path runs in its own process,
+   so its peak RSS is its own.
 2. ``merge``: training 5-step append-mode trajectories as prefix-merged packed sequences against the
    per-step padded rows Agent-R1 and verl use (one row per step, each re-prefilling its whole
    observation); same Megatron-Core model, same loss; plus the merged step at TP2.
@@ -112,7 +115,7 @@ def update_worker(a: argparse.Namespace) -> None:
     )  # fmt: skip
     learner = Learner(cfg)
     table = synth_table(seed=0, vocab=spec["model"]["vocab"], **spec["records"])
-    if path == "list":
+    if path == "list":  # the frozen list path on today's model code
         sys.path.insert(0, str(ROOT / "tests" / "learner"))
         import list_path
 
@@ -135,32 +138,52 @@ def update_worker(a: argparse.Namespace) -> None:
     )
 
 
+def _baseline_tree(commit: str, tmp: Path) -> Path:
+    """The package at ``commit`` (git archive of this repository) in ``tmp``."""
+    out = tmp / f"baseline_{commit}"
+    out.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", commit, "agent_r1", "megatron_bridge", "recipes", "configs"],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    if archive.returncode:
+        sys.exit(f"--baseline {commit}: git archive failed ({archive.stderr.decode().strip()}); "
+                 "use a clone with history or --baseline list")  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
+    return out
+
+
 def bench_update(a: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp())
+    base_name = "list_path" if a.baseline == "list" else f"main_{a.baseline}"
+    base_env = dict(os.environ)
+    if a.baseline != "list":
+        base_env["PYTHONPATH"] = str(_baseline_tree(a.baseline, tmp))  # its agent_r1 before the installed one
     for size in a.sizes.split(","):
         model = build_model(tmp / size, SIZES[size]["model"])
         res = {}
-        for path in ("list", "batch"):
+        for path, env in (("list" if a.baseline == "list" else "batch", base_env), ("batch", os.environ)):
+            key = "base" if env is base_env else "batch"
             out = subprocess.run(
                 [sys.executable, __file__, "--update-worker", path, size, str(model), f"--repeat={a.repeat}",
                  f"--threads={a.threads}", *[f"--override={o}" for o in a.overrides]],
-                capture_output=True, text=True, check=False,
+                capture_output=True, text=True, check=False, env=env,
             )  # fmt: skip
             if out.returncode:
-                sys.exit(f"{path} path at {size} failed:\n{out.stdout[-2000:]}{out.stderr[-4000:]}")
-            res[path] = json.loads(out.stdout.strip().splitlines()[-1])
-        b, ref = res["batch"], res["list"]
+                sys.exit(f"{key} at {size} failed:\n{out.stdout[-2000:]}{out.stderr[-4000:]}")
+            res[key] = json.loads(out.stdout.strip().splitlines()[-1])
+        b, ref = res["batch"], res["base"]
         print(
             f"{size}: {SIZES[size]['records']['trajectories']} trajectories, {int(b['tokens'])} merged tokens; "
-            f"update {b['seconds']:.3f} s (LearnerBatch) vs {ref['seconds']:.3f} s (list path); "
+            f"update {b['seconds']:.3f} s (LearnerBatch) vs {ref['seconds']:.3f} s ({base_name}); "
             f"peak RSS {b['rss_mb']:.0f} MB vs {ref['rss_mb']:.0f} MB; loss/pg {b['loss']:.6f} vs {ref['loss']:.6f}"
         )
         print(
-            f"BENCH learner_update_{size} seconds={b['seconds']:.3f} baseline=list_path "
+            f"BENCH learner_update_{size} seconds={b['seconds']:.3f} baseline={base_name} "
             f"ratio={ref['seconds'] / b['seconds']:.2f}"
         )
         print(
-            f"BENCH learner_update_{size}_peak_rss mb={b['rss_mb']:.0f} baseline=list_path "
+            f"BENCH learner_update_{size}_peak_rss mb={b['rss_mb']:.0f} baseline={base_name} "
             f"ratio={ref['rss_mb'] / b['rss_mb']:.2f}"
         )
 
@@ -306,6 +329,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", choices=("update", "merge"), help="run one benchmark (default: both)")
     ap.add_argument("--sizes", default="quickstart,smollm2", help="update benchmark sizes")
+    ap.add_argument(
+        "--baseline", default="8701c8b", help="update baseline: a git commit of this repo, or 'list'"
+    )
     ap.add_argument(
         "--override", dest="overrides", action="append", default=[], help="config override (update)"
     )
