@@ -118,8 +118,8 @@ async def _run_with_engine(a: argparse.Namespace, rows, codec, config):
     """Episodes through the chosen engine: ``embedded`` = an `agent-r1 serve` process on a free loopback
     port behind the same HTTP client used for SGLang; ``hf`` = the transformers reference; a URL =
     external servers (comma-separated) or an sglang-router (``router=URL``)."""
+    from agent_r1.agent.episodes import run_episodes
     from agent_r1.rollout.client import RolloutClient
-    from agent_r1.rollout.episodes import run_episodes
 
     if a.engine == "hf":
         from agent_r1.rollout.hf import HFGenerator

@@ -1,9 +1,15 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
+
+# tests/<layer>/ mirrors the package; shared helpers (spawned ranks, scripted agents, the local
+# servers, trainer checks) live in tests/helpers/ and are imported by name
+HELPERS = Path(__file__).resolve().parent / "helpers"
+sys.path.insert(0, str(HELPERS))
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -156,7 +156,7 @@ class Actor:
             out = packed_forward(model, mb, self._rows(mb) if select_rows else None)
             if last:
                 out = out.unsqueeze(0)
-            return out, lambda output: loss_fn(mb, output[0])
+            return out, lambda output: loss_fn(mb, output.squeeze(0))
 
         get_forward_backward_func()(
             forward_step_func=step,

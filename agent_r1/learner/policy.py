@@ -129,7 +129,7 @@ class PackedAttention(torch.nn.Module):
                 query, key, value, attention_mask, attn_mask_type, attention_bias, packed_seq_params
             )
         sq, b, heads, hn = query.shape  # [s, 1, heads, hn]; key/value [s, 1, groups, hn]
-        q, k, v = query[:, 0], key[:, 0], value[:, 0]
+        q, k, v = query.squeeze(1), key.squeeze(1), value.squeeze(1)  # views: a select's backward would copy
         outs = []
         for bk in plan.buckets:
             qb, kb, vb = (
@@ -248,17 +248,13 @@ def packed_logprobs(
     logits of the position before it), in chunks of rows so a long stream never materialises an
     fp32 (tokens x vocab) tensor. ``vocab_size``: the real vocabulary (the model's is padded for
     TP)."""
-    lps, ents = [], []
-    for a in range(0, targets.numel(), chunk):
-        lp, ent = vocab_parallel_logprob_entropy(
-            logits[a : a + chunk], targets[a : a + chunk], vocab_start, group, vocab_size
-        )
-        lps.append(lp)
-        ents.append(ent)
-    if not lps:
-        z = logits.new_zeros(0, dtype=torch.float32)
-        return z, z
-    return torch.cat(lps), torch.cat(ents)
+    if targets.numel() <= chunk:  # no split: its backward would copy the whole gradient once more
+        return vocab_parallel_logprob_entropy(logits, targets, vocab_start, group, vocab_size)
+    parts = [
+        vocab_parallel_logprob_entropy(lg, tg, vocab_start, group, vocab_size)
+        for lg, tg in zip(logits.split(chunk), targets.split(chunk), strict=True)  # split, not slices:
+    ]  # a slice's backward writes into a zero tensor of the full size, once per chunk
+    return torch.cat([lp for lp, _ in parts]), torch.cat([e for _, e in parts])
 
 
 def install_output_rows(model: Any) -> dict[str, Any] | None:
@@ -315,7 +311,7 @@ def packed_forward(model: Any, packed: Packed, rows: torch.Tensor | None = None)
         if out_rows is not None:
             out_rows["rows"] = None
     # last stage: (1, rows, V/tp) -> (rows, V/tp); other stages: hidden states for the next stage
-    return out[0] if ps.is_pipeline_last_stage() else out
+    return out.squeeze(0) if ps.is_pipeline_last_stage() else out  # a view: indexing's backward copies
 
 
 def _forward(model: Any, packed: Packed) -> torch.Tensor:

@@ -8,11 +8,26 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
 from typing import Any
 
 import pyarrow as pa
 
-from agent_r1.rollout.protocol import FinishReason
+
+class FinishReason(StrEnum):
+    """Why an action (one generation) ended. SGLang reports stop / length / abort."""
+
+    STOP = "stop"  # a stop token or stop string was produced
+    LENGTH = "length"  # max_new_tokens or the context limit was hit
+    ABORT = "abort"  # the request was aborted (server pause, client abort)
+    ERROR = "error"  # the engine failed this request
+
+    def is_truncated(self) -> bool:
+        return self is FinishReason.LENGTH
+
+    def is_error(self) -> bool:
+        return self in (FinishReason.ABORT, FinishReason.ERROR)
+
 
 STEP_SCHEMA = pa.schema(
     [

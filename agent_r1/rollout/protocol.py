@@ -7,23 +7,11 @@ the embedded engine and the transformers reference all sit behind it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Protocol
 
+from agent_r1.records.schema import FinishReason  # a step record's field; engines report it
 
-class FinishReason(StrEnum):
-    """Why an action (one generation) ended. SGLang reports stop / length / abort."""
-
-    STOP = "stop"  # a stop token or stop string was produced
-    LENGTH = "length"  # max_new_tokens or the context limit was hit
-    ABORT = "abort"  # the request was aborted (server pause, client abort)
-    ERROR = "error"  # the engine failed this request
-
-    def is_truncated(self) -> bool:
-        return self is FinishReason.LENGTH
-
-    def is_error(self) -> bool:
-        return self in (FinishReason.ABORT, FinishReason.ERROR)
+__all__ = ["Completion", "FinishReason", "GenerateFn", "SamplingParams"]
 
 
 @dataclass

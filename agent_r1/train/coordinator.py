@@ -18,9 +18,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from agent_r1.records.shard import iteration_dir, iteration_dirs
+from agent_r1.records.reader import RecordStore
+from agent_r1.records.shard import finalize_iteration, iteration_dir, iteration_dirs
+from agent_r1.rollout.client import discover_servers, probe
+from agent_r1.rollout.weight_sync import WeightSyncError, WeightUpdateGroup
 from agent_r1.train.config import TrainConfig
-from agent_r1.train.run_dir import RunDir, read_json
+from agent_r1.train.metrics import STATS_COLUMNS, table_stats
+from agent_r1.train.run_dir import RunDir, node_address, read_json
 from agent_r1.train.tasks import (
     RoleTimeout,
     RolloutTask,
@@ -113,9 +117,6 @@ class Coordinator:
     def collect(self, task: RolloutTask) -> dict[str, Any]:
         """Wait for every worker's shard (with a progress bar), finalize the iteration; episode
         statistics from the committed records (also when a previous run generated them)."""
-        from agent_r1.records.reader import RecordStore
-        from agent_r1.records.shard import finalize_iteration
-        from agent_r1.train.metrics import STATS_COLUMNS, table_stats
 
         out_dir = self.rd.root / task.records_subdir
         acks: list[dict[str, Any]] = []
@@ -185,7 +186,6 @@ class Coordinator:
             self.rd.ledger.write_text("".join(line + "\n" for line in keep))
 
     def record_consumed(self, iteration: int, version: int) -> None:
-        from agent_r1.records.reader import RecordStore
 
         manifest = RecordStore(self.rd.records).manifest(iteration)
         entry = {
@@ -201,7 +201,6 @@ class Coordinator:
     # ---- weights ---------------------------------------------------------------------------------
     def live_servers(self) -> list[str]:
         """Published servers that answer /health (a dead one's file is ignored)."""
-        from agent_r1.rollout.client import discover_servers, probe
 
         urls = discover_servers(self.rd.root)
         answers = self.loop.run_until_complete(probe(urls, "/health"))
@@ -210,7 +209,6 @@ class Coordinator:
     def push(self, named: dict[str, Any], version: int) -> float:
         """Send the policy to every live server; a failed push is retried once with the servers
         that are still alive (a dead server drops out, a replaced one joins)."""
-        from agent_r1.rollout.weight_sync import WeightSyncError
 
         t0 = time.perf_counter()
         for attempt in range(2):
@@ -253,12 +251,10 @@ class Coordinator:
             time.sleep(0.2)
 
     def _ensure_group(self, servers: list[str]) -> None:
-        from agent_r1.rollout.weight_sync import WeightUpdateGroup
 
         if self.group is not None and sorted(servers) == sorted(self.group_servers):
             return
         self._drop_group()
-        from agent_r1.train.run_dir import node_address
 
         self.group = WeightUpdateGroup(servers, master_address=node_address())
         self.loop.run_until_complete(self.group.init(timeout_s=self.cfg.rollout.ready_timeout_s))

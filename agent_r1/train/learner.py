@@ -28,6 +28,7 @@ from agent_r1.learner.actor import Actor, PolicyTargets
 from agent_r1.learner.batch import LearnerBatch
 from agent_r1.learner.critic import Critic
 from agent_r1.learner.device import all_reduce_scalar, collective_device
+from agent_r1.records.reader import RecordStore
 from agent_r1.train.config import TrainConfig, bridge_config
 
 log = logging.getLogger("agent_r1.learner")
@@ -73,7 +74,6 @@ class Learner:
         return self.ps.is_pipeline_last_stage()
 
     def read(self, records_dir, iteration: int) -> pa.Table:
-        from agent_r1.records.reader import RecordStore
 
         ps = self.ps
         rank, world = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
@@ -252,7 +252,13 @@ class Learner:
     def load(self, path) -> dict[str, Any]:
         state = self.actor.load(path)
         if self.critic is not None:
-            self.critic.load(path.with_name(path.name + ".critic"))
+            critic = path.with_name(path.name + ".critic")
+            if not (critic / "agent_r1_state.json").exists():
+                raise FileNotFoundError(
+                    f"checkpoint {path} has no critic ({critic}) but algorithm.critic=true"
+                )
+            self.critic.load(critic)
+            log.info("critic resumed from %s (%d optimizer steps)", critic, self.critic.steps)
         return state
 
 

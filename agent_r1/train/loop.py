@@ -20,12 +20,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from agent_r1.agent.chat import ChatCodec
+from agent_r1.agent.flow import FlowConfig
+from agent_r1.learner.cpu_compat import apply
 from agent_r1.learner.device import all_reduce_scalar
+from agent_r1.records.schema import records_to_table
+from agent_r1.records.shard import finalize_iteration, iteration_dirs, write_shard
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.coordinator import Coordinator, checkpoint_path, find_checkpoint
 from agent_r1.train.learner import Learner
 from agent_r1.train.metrics import Reporter, console_line, rollout_scalars, sample_text
 from agent_r1.train.run_dir import RunDir, atomic_write_json
+from agent_r1.train.sft import demonstration_records
 from agent_r1.train.tasks import StopRequested
 
 log = logging.getLogger("agent_r1.train")
@@ -79,8 +85,6 @@ class Trainer:
         self.codec = None
         if self.rank == 0:
             from transformers import AutoTokenizer
-
-            from agent_r1.agent.chat import ChatCodec
 
             self.codec = ChatCodec(AutoTokenizer.from_pretrained(cfg.model.path))
 
@@ -141,10 +145,6 @@ class Trainer:
             )
 
     def _write_demonstrations(self, sft_dir) -> None:
-        from agent_r1.agent.flow import FlowConfig
-        from agent_r1.records.schema import records_to_table
-        from agent_r1.records.shard import finalize_iteration, write_shard
-        from agent_r1.train.sft import demonstration_records
         from recipes import load_all, load_recipe
 
         load_all()
@@ -202,8 +202,6 @@ class Trainer:
         self.learner.save(checkpoint_path(self.rd, iteration), dict(self.state))
         if self.rank == 0:  # keep the newest K
             import shutil
-
-            from agent_r1.records.shard import iteration_dirs
 
             done = list(iteration_dirs(self.rd.checkpoints).values())
             for p in done[: -self.cfg.trainer.keep_checkpoints]:
@@ -343,8 +341,6 @@ class Trainer:
 def run_learner(cfg: TrainConfig, rd: RunDir, alive: Any = None) -> dict[str, Any]:
     """Entry of a learner rank once torch.distributed is initialised."""
     from megatron.core import parallel_state as ps
-
-    from agent_r1.learner.cpu_compat import apply
 
     if cfg.parallel.backend == "gloo":
         apply()

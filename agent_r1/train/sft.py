@@ -41,7 +41,7 @@ def demonstration_records(
     recipe: Any, rows: list[Any], codec: ChatCodec, flow: Any, seed: int, **options: Any
 ):
     """Step records of the recipe's demonstrations for ``rows`` (``recipe.demonstrations``)."""
-    from agent_r1.rollout.episodes import run_episodes
+    from agent_r1.agent.episodes import run_episodes
 
     if not hasattr(recipe, "demonstrations"):
         raise ValueError(f"recipe {recipe.__name__} has no demonstrations(); set sft.steps=0")

@@ -107,12 +107,12 @@ class Worker:
         log.info("worker %d: stop requested", self.index)
 
     async def run_task(self, task: RolloutTask) -> dict[str, Any]:
+        from agent_r1.agent.episodes import run_episodes
         from agent_r1.agent.flow import FlowConfig
         from agent_r1.agent.types import SamplingParams
         from agent_r1.records.schema import EXTRA_FIELDS, records_to_table
         from agent_r1.records.shard import committed_shards, shard_name, write_shard
         from agent_r1.rollout.client import RolloutClient, discover_servers
-        from agent_r1.rollout.episodes import run_episodes
 
         out_dir = self.rd.root / task.records_subdir
         mine = shard_name(self.index)

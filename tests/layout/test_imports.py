@@ -74,3 +74,32 @@ def test_the_graph_sees_function_local_imports():
 def test_no_import_cycles_between_files():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+# Which folders of agent_r1/ each folder may import (STYLE §4: imports point down). train/ wires
+# everything; cli.py and records_cli.py are entry points.
+ALLOWED = {
+    "registry": set(),
+    "algos": {"registry"},
+    "records": set(),
+    "rollout": {"records"},
+    "tools": {"registry"},
+    "rewards": {"registry"},
+    "data": {"records"},
+    "agent": {"rollout", "records", "data", "tools", "rewards", "registry"},
+    "learner": {"algos", "records"},
+}
+
+
+def test_folders_import_only_the_layers_below():
+    g = import_graph()
+    bad = []
+    for m, targets in g.items():
+        src = m.split(".")[1] if m.count(".") else m
+        if src not in ALLOWED:
+            continue
+        for t in targets:
+            dst = t.split(".")[1] if t.count(".") else t
+            if dst != src and dst not in ALLOWED[src]:
+                bad.append(f"{m} -> {t}")
+    assert not bad, "imports against the layering:\n" + "\n".join(bad)

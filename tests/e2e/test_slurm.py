@@ -25,7 +25,7 @@ from train_checks import check_events, check_finished, ledger, reduced
 
 from agent_r1.records.reader import RecordStore
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "local_slurm.sh"
 
 

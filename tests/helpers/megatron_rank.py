@@ -1,4 +1,4 @@
-"""What every spawned Megatron test rank does around its checks (tests/megatron_*_worker.py)."""
+"""What every spawned Megatron test rank does around its checks (tests/learner/*_worker.py)."""
 
 from __future__ import annotations
 

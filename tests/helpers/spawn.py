@@ -14,7 +14,9 @@ def spawn_ranks(script: Path, world: int, *args: str, timeout: float = 900) -> N
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    helpers = str(Path(__file__).resolve().parent)  # the rank scripts import megatron_rank from here
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+        [helpers, *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
     procs = [
         subprocess.Popen(
             [sys.executable, str(script), str(r), str(world), port, *map(str, args)],

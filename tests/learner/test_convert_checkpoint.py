@@ -5,7 +5,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-TOOL = Path(__file__).parents[1] / "tools" / "convert_checkpoint.py"
+TOOL = Path(__file__).parents[2] / "tools" / "convert_checkpoint.py"
 
 
 def test_hf_megatron_hf_round_trip_is_bit_identical(tiny_model_dir, tmp_path):

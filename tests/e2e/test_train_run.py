@@ -198,8 +198,12 @@ def test_rollout_server_killed_mid_iteration(tiny_model_dir, tmp_path):
     assert [e["iteration"] for e in ledger(run)] == [0, 1]
 
 
-def test_ppo_with_critic_and_reference_kl(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("layout", ["tp1pp1", "pp2"])
+def test_ppo_with_critic_and_reference_kl(tiny_model_dir, tmp_path, layout):
+    """Policy, critic and reference at one rank and split over two pipeline stages (values,
+    returns and the value loss live on the last stage only); resumed with the critic."""
     run = tmp_path / "ppo"
+    pp = ["parallel.learner_ranks=2", "parallel.pp=2"] if layout == "pp2" else []
     args = reduced(
         tiny_model_dir,
         run,
@@ -207,6 +211,7 @@ def test_ppo_with_critic_and_reference_kl(tiny_model_dir, tmp_path):
         "algorithm.reference=true",
         "algorithm.policy.kl_coef=0.05",
         "algorithm.mini_batches=2",
+        *pp,
     )
     r = train(args)
     check_finished(r, run, 2)
@@ -220,6 +225,6 @@ def test_ppo_with_critic_and_reference_kl(tiny_model_dir, tmp_path):
     r = train([*args, "trainer.iterations=3"])
     check_finished(r, run, 3)
     log = (run / "logs" / "learner_0.log").read_text()
-    assert "resumed from" in log and "iter_000001" in log
+    assert "resumed from" in log and "iter_000001" in log and "critic resumed from" in log
     assert [e["iteration"] for e in ledger(run)] == [0, 1, 2]
     assert (run / "checkpoints" / "iter_000002.critic" / "agent_r1_state.json").exists()

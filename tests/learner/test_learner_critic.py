@@ -25,5 +25,12 @@ def test_value_regression_and_prefix_merged_values(critic_results, layout):
 
 
 @pytest.mark.parametrize("layout", ["1x1", "2x1", "1x2"])
+def test_critic_checkpoint_resumes(critic_results, layout):
+    assert critic_results[f"resume_value_diff_{layout}"] < 1e-6  # the value head and backbone came back
+    a, b = critic_results[f"resume_next_loss_{layout}"]  # and the optimizer state: the same next step
+    assert a == pytest.approx(b, abs=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["1x1", "2x1", "1x2"])
 def test_reference_policy_equals_initial_actor(critic_results, layout):
     assert critic_results[f"ref_diff_{layout}"] < 1e-6

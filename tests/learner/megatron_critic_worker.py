@@ -3,6 +3,7 @@ PP2; prefix-merged step-start values equal per-step computation; a frozen refere
 the actor's initial logprobs."""
 
 import sys
+from pathlib import Path
 
 import pyarrow as pa
 import torch
@@ -58,6 +59,19 @@ def main() -> None:
             abs(a - b) for a, b in zip(v_merged, v_split, strict=True)
         )
         results[f"values_nonzero_{layout}"] = max(abs(a) for a in v_merged)
+        # resume: a fresh critic loading the checkpoint gives the same values and the same next step
+        ckpt = Path(out).parent / f"critic_{layout}"
+        critic.save(ckpt, {})
+        fresh = Critic(model_dir, BridgeConfig(tp=tp, pp=pp), OptimConfig(lr=3e-3, micro_tokens=40))
+        fresh.load(ckpt)
+        v_fresh = gather_first(_list(fresh.values(micro, n)), world)
+        results[f"resume_value_diff_{layout}"] = max(
+            abs(a - b) for a, b in zip(v_merged, v_fresh, strict=True)
+        )
+        nxt = [c.train_step(micro, returns)["value_loss"] for c in (critic, fresh)]
+        results[f"resume_next_loss_{layout}"] = gather_first(
+            nxt if ps.is_pipeline_last_stage() else None, world
+        )
         actor = Actor(model_dir, BridgeConfig(tp=tp, pp=pp), OptimConfig())
         ref = Actor(model_dir, BridgeConfig(tp=tp, pp=pp), OptimConfig(), trainable=False)
         a_lp = gather_first(_list(actor.logprobs(micro, batch.num_action_tokens)), world)

@@ -1,4 +1,4 @@
-"""One rank of the Megatron bridge checks (spawned by tests/test_megatron_bridge.py).
+"""One rank of the Megatron bridge checks (spawned by tests/learner/test_megatron_bridge.py).
 
 argv: rank world port model_dirs(comma) layouts(e.g. 1x1,2x1,1x2,2x2) out_json
 For every model and layout: build the GPTModel stage, load the HF weights, run a forward through

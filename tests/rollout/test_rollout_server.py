@@ -11,9 +11,9 @@ import torch
 from rollout_servers import RouterProc, ServerProc, http
 from scripted import ScriptedPolicy  # noqa: F401  (keeps test helpers importable together)
 
+from agent_r1.agent.episodes import run_episodes
 from agent_r1.agent.flow import AGENTS, FlowConfig
 from agent_r1.rollout.client import RequestRejected, RolloutClient, RolloutError, discover_servers
-from agent_r1.rollout.episodes import run_episodes
 from agent_r1.rollout.protocol import FinishReason, SamplingParams
 from agent_r1.rollout.weight_sync import WeightSyncError, WeightUpdateGroup, push_weights_from_disk
 
