@@ -169,6 +169,8 @@ def _serve(a: argparse.Namespace) -> int:
         max_len=a.max_len,
         prefill_chunk=a.prefill_chunk,
         threads=a.threads,
+        device=a.device,
+        weight_ipc=a.weight_ipc,
     )
     return 0
 
@@ -294,6 +296,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-len", type=int, default=None, help="tokens per request (prompt + output)")
     sv.add_argument("--prefill-chunk", type=int, default=2048, help="prefill tokens per scheduler step")
     sv.add_argument("--threads", type=int, default=None, help="torch threads")
+    sv.add_argument("--device", default="cpu", help="where the model and KV cache live: cpu, cuda, cuda:N")
+    sv.add_argument(
+        "--weight-ipc",
+        action="store_true",
+        help="accept /update_weights_from_tensor (CUDA IPC / shared memory from a trainer on this machine)",
+    )
     sv.add_argument(
         "--ready-file", help="write {url} here once listening (run_dir/control/servers/NAME.json)"
     )

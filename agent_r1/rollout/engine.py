@@ -138,6 +138,7 @@ class Engine:
         prefill_chunk: int = 2048,
         prefix_cache_tokens: int = 32768,
         threads: int | None = None,
+        device: str = "cpu",
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -148,7 +149,12 @@ class Engine:
         self._threads = threads  # None: torch's default in the main thread, 1 in a background thread
         self.model_dir = str(model_dir)
         self.dtype = dtype
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=getattr(torch, dtype)).eval()
+        self.device = torch.device(device)  # the model and KV cache; sampling stays on the host
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=getattr(torch, dtype))
+            .to(self.device)
+            .eval()
+        )
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         cfg = self.model.config
         self.vocab_size = int(cfg.vocab_size)
@@ -475,7 +481,9 @@ class Engine:
 
     def _input_logprobs(self, r: Request) -> None:
         with torch.inference_mode():
-            logits = self.model(input_ids=torch.tensor([r.prompt])).logits[0].float()
+            logits = (
+                self.model(input_ids=torch.tensor([r.prompt], device=self.device)).logits[0].float().cpu()
+            )
         t = r.sampling.temperature or 1.0
         logp = torch.log_softmax(logits / t, -1)
         vals: list[float | None] = [None] + [float(logp[i - 1, r.prompt[i]]) for i in range(1, len(r.prompt))]
@@ -547,7 +555,9 @@ class Engine:
                 ids[i] = r.out_ids[-1]
         shared = self._shared_prefixes()
         self.stats["shared_prefix_steps"] += shared is not None
-        logits = self.sm.decode(torch.tensor(ids), torch.tensor(pos), shared)
+        logits = self.sm.decode(
+            torch.tensor(ids, device=self.device), torch.tensor(pos, device=self.device), shared
+        )
         reqs = [self.running[i] for i in rows]
         for r in reqs:
             r.computed += 1
@@ -566,7 +576,7 @@ class Engine:
     def _emit(self, reqs: list[Request], logits: torch.Tensor) -> None:
         """Sample the next token of each request from its row of ``logits`` (B, V); record it and
         apply the stop rules (stop ids and EOS blocked until ``min_new_tokens``)."""
-        logits = logits[:, : self.vocab_size]
+        logits = logits[:, : self.vocab_size].cpu()  # per-request seeded generators live on the host
         banned = [sorted(r.stops) if len(r.out_ids) < r.sampling.min_new_tokens else None for r in reqs]
         toks, lps, probs = sample_batch(
             logits,

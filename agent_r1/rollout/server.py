@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import pickle
 import time
 from datetime import timedelta
 from typing import Any
@@ -19,6 +20,7 @@ from aiohttp import web
 
 from agent_r1.rollout.engine import Engine, Request
 from agent_r1.rollout.sampling import BadRequest
+from agent_r1.rollout.weight_sync import deserialize_named_tensors
 
 log = logging.getLogger("agent_r1.server")
 VERSION = "agent-r1-embedded-0.1"
@@ -98,8 +100,11 @@ class WeightReceiver:
 
 
 class Server:
-    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 30000):
+    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 30000, weight_ipc: bool = False):
         self.engine, self.host, self.port = engine, host, port
+        self.weight_ipc = (
+            weight_ipc  # /update_weights_from_tensor unpickles its body: colocated trainers only
+        )
         self.weights = WeightReceiver()
         self.app = web.Application(client_max_size=1 << 30)
         r = self.app.router
@@ -119,6 +124,7 @@ class Server:
         r.add_post("/init_weights_update_group", self.init_group)
         r.add_post("/destroy_weights_update_group", self.destroy_group)
         r.add_post("/update_weights_from_distributed", self.update_from_distributed)
+        r.add_post("/update_weights_from_tensor", self.update_from_tensor)
         r.add_post("/update_weight_version", self.update_version)
         r.add_get("/get_weight_version", self.get_version)
         r.add_post("/get_weights_by_name", self.weights_by_name)
@@ -415,6 +421,35 @@ class Server:
             return _ok(False, f"update_weights_from_distributed failed: {e}")
         return _ok(True, "Succeeded to update parameter online.")
 
+    async def update_from_tensor(self, request: web.Request) -> web.Response:
+        """SGLang's colocated weight update: ``serialized_named_tensors`` holds, per TP rank, a
+        base64 ``ForkingPickler`` dump of ``[(name, tensor), ...]`` whose CUDA tensors travel as IPC
+        handles (CPU tensors as shared memory), so the bytes never leave the device."""
+        if not self.weight_ipc:
+            return _error(
+                "update_weights_from_tensor: disabled; start the server with --weight-ipc (it unpickles "
+                "the request body: only for a trainer on the same machine)",
+                403,
+            )
+        try:
+            body = await self._body(request)
+            blobs = body.get("serialized_named_tensors")
+            if not isinstance(blobs, list) or not blobs or not all(isinstance(b, str) for b in blobs):
+                raise BadRequest(
+                    "serialized_named_tensors: a non-empty list of base64 strings (one per TP rank)"
+                )
+            if body.get("abort_all_requests"):
+                self.engine.abort(abort_all=True)
+            tensors: dict[str, torch.Tensor] = {}
+            for blob in blobs:
+                tensors.update(deserialize_named_tensors(blob))
+            await asyncio.to_thread(self.engine.update_weights, tensors, body.get("weight_version"))
+        except BadRequest as e:
+            return _ok(False, str(e))
+        except (ValueError, TypeError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
+            return _ok(False, f"update_weights_from_tensor failed: {type(e).__name__}: {e}")
+        return _ok(True, "Succeeded to update model weights.")
+
     async def update_version(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         if "new_version" not in body:
@@ -460,8 +495,9 @@ def serve(
     import threading
     from pathlib import Path
 
+    weight_ipc = bool(engine_kw.pop("weight_ipc", False))
     engine = Engine(model, **engine_kw)
-    server = Server(engine, host, port)
+    server = Server(engine, host, port, weight_ipc=weight_ipc)
     loop = asyncio.new_event_loop()
     started = threading.Event()
     failed: list[BaseException] = []

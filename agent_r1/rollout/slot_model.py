@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -51,7 +52,7 @@ class Linear:
         self.bias = bias
         self.packed = (
             torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 128)
-            if weight.numel() >= self.MIN_PACKED and _onednn(weight.dtype)
+            if weight.device.type == "cpu" and weight.numel() >= self.MIN_PACKED and _onednn(weight.dtype)
             else None
         )
         self.weight = None if self.packed is not None else weight
@@ -96,12 +97,13 @@ class SlotModel:
         self.scaling = float(getattr(attn, "scaling", self.head_dim**-0.5))
         self.slots, self.max_len = slots, max_len
         self.dtype = next(model.parameters()).dtype
+        self.device = dev = next(model.parameters()).device  # the KV cache and every index live here
         shape = (len(self.inner.layers), slots, self.n_kv, max_len, self.head_dim)
-        self.k = torch.zeros(shape, dtype=self.dtype)
-        self.v = torch.zeros(shape, dtype=self.dtype)
+        self.k = torch.zeros(shape, dtype=self.dtype, device=dev)
+        self.v = torch.zeros(shape, dtype=self.dtype, device=dev)
         with torch.no_grad():
-            probe = torch.zeros(1, 1, cfg.hidden_size, dtype=self.dtype)
-            cos, sin = self.inner.rotary_emb(probe, torch.arange(max_len).unsqueeze(0))
+            probe = torch.zeros(1, 1, cfg.hidden_size, dtype=self.dtype, device=dev)
+            cos, sin = self.inner.rotary_emb(probe, torch.arange(max_len, device=dev).unsqueeze(0))
         # (max_len, head_dim), same numerics as HF; rotate_half(x) * sin == roll(x) * signed_sin
         half = self.head_dim // 2
         self.cos, self.signed_sin = cos[0], torch.cat([-sin[0][:, :half], sin[0][:, half:]], -1)
@@ -197,9 +199,10 @@ class SlotModel:
                     f"sequence of {start + len(ids)} tokens exceeds the cache length {self.max_len}"
                 )
         flat = [t for _, ids, _ in items for t in ids]
-        pos = torch.cat([torch.arange(start, start + len(ids)) for _, ids, start in items])
-        bounds = torch.tensor([0] + [len(ids) for _, ids, _ in items]).cumsum(0).tolist()
-        x = F.embedding(torch.tensor(flat), self.embed)
+        dev = self.device
+        pos = torch.cat([torch.arange(start, start + len(ids), device=dev) for _, ids, start in items])
+        bounds = np.cumsum([0] + [len(ids) for _, ids, _ in items]).tolist()
+        x = F.embedding(torch.tensor(flat, device=dev), self.embed)
         rope = self._rope(pos)
         for li, L in enumerate(self.layers):
             q, k, v = self._qkv(L, x, rope)
@@ -209,7 +212,7 @@ class SlotModel:
                 T, end = b - a, start + b - a
                 self.k[li, slot, :, start:end] = k[a:b].transpose(0, 1)
                 self.v[li, slot, :, start:end] = v[a:b].transpose(0, 1)
-                mask = torch.ones(T, end, dtype=torch.bool).tril(diagonal=start)
+                mask = torch.ones(T, end, dtype=torch.bool, device=dev).tril(diagonal=start)
                 o = F.scaled_dot_product_attention(
                     q[a:b].transpose(0, 1).unsqueeze(0),
                     self.k[li, slot : slot + 1, :, :end],
@@ -221,7 +224,7 @@ class SlotModel:
                 outs.append(o[0].transpose(0, 1).reshape(T, -1))
             x = x + L.o(torch.cat(outs))
             x = self._mlp(L, x)
-        last = torch.tensor(bounds[1:]) - 1
+        last = torch.tensor(bounds[1:], device=dev) - 1
         return self._logits(x[last])
 
     def prefill(self, slot: int, ids: list[int], start: int) -> torch.Tensor:
@@ -242,15 +245,14 @@ class SlotModel:
         cascade = _Cascade(shared, pos, self.n_kv, self.n_heads // self.n_kv) if shared else None
         L_max = int(pos.max()) + 1
         S = cascade.start if cascade else 0
+        cols = torch.arange(S, L_max, device=pos.device).view(1, -1)
         if cascade:
-            masked = (torch.arange(S, L_max).view(1, -1) > pos.view(B, 1)) | (
-                torch.arange(S, L_max).view(1, -1) < cascade.row_start.view(B, 1)
-            )
+            masked = (cols > pos.view(B, 1)) | (cols < cascade.row_start.view(B, 1))
         else:
-            masked = torch.arange(L_max).view(1, L_max) > pos.view(B, 1)
+            masked = cols > pos.view(B, 1)
         masked = masked.view(B, 1, 1, -1)
         group = self.n_heads // self.n_kv
-        rows = torch.arange(B)
+        rows = torch.arange(B, device=pos.device)
         rope = self._rope(pos)
         for li, L in enumerate(self.layers):
             q, k, v = self._qkv(L, x, rope)
@@ -281,16 +283,19 @@ class _Cascade:
         B = pos.numel()
         self.G, self.M = len(shared), max(len(slots) for _, slots in shared)
         self.P = max(p for p, _ in shared)
-        self.leaders = torch.tensor([slots[0] for _, slots in shared])
+        dev = pos.device
+        self.leaders = torch.tensor([slots[0] for _, slots in shared], device=dev)
         g_idx, j_idx, row_start = [0] * B, [0] * B, [0] * B
         for g, (p, slots) in enumerate(shared):
             for j, slot in enumerate(slots):
                 g_idx[slot], j_idx[slot], row_start[slot] = g, j, p
-        self.g_idx, self.j_idx = torch.tensor(g_idx), torch.tensor(j_idx)
-        self.row_start = torch.tensor(row_start)  # each row's own part starts at its group's P
+        self.g_idx, self.j_idx = torch.tensor(g_idx, device=dev), torch.tensor(j_idx, device=dev)
+        self.row_start = torch.tensor(row_start, device=dev)  # each row's own part starts at its group's P
         self.start = min(p for p, _ in shared)
-        plen = torch.tensor([p for p, _ in shared])
-        self.prefix_masked = (torch.arange(self.P).view(1, -1) >= plen.view(-1, 1)).view(self.G, 1, 1, self.P)
+        plen = torch.tensor([p for p, _ in shared], device=dev)
+        self.prefix_masked = (torch.arange(self.P, device=dev).view(1, -1) >= plen.view(-1, 1)).view(
+            self.G, 1, 1, self.P
+        )
         self.n_kv, self.group = n_kv, group
 
     def merge(self, qg, K, V, scale, num, den, m):

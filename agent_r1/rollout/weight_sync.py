@@ -234,3 +234,59 @@ async def push_weights_from_disk(
     ]
     if bad:
         raise WeightSyncError(f"update_weights_from_disk failed on: {bad}")
+
+
+# ---- colocated: CUDA IPC handles (SGLang's /update_weights_from_tensor) ------------------------------
+def serialize_named_tensors(named: dict[str, torch.Tensor]) -> str:
+    """``[(name, tensor), ...]`` pickled with torch's multiprocessing reductions, base64: a CUDA
+    tensor becomes an IPC handle into this process's memory (a CPU tensor moves to shared memory),
+    so the receiver maps the same bytes. Keep the tensors alive until the receiver has answered."""
+    import base64
+    import io
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401 - registers the tensor reductions with ForkingPickler
+
+    buf = io.BytesIO()
+    ForkingPickler(buf, 4).dump([(n, t.detach().contiguous()) for n, t in named.items()])
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def deserialize_named_tensors(blob: str) -> dict[str, torch.Tensor]:
+    import base64
+    import pickle
+
+    import torch.multiprocessing  # noqa: F401 - registers the reductions the pickle refers to
+
+    return dict(pickle.loads(base64.b64decode(blob)))
+
+
+def push_weights_ipc(
+    url: str, named: dict[str, torch.Tensor], version: int | str, timeout_s: float = 600.0
+) -> None:
+    """Update a colocated server (same machine; same GPU for CUDA tensors) through
+    ``/update_weights_from_tensor``; the server copies from the shared memory into its weights.
+    Raises ``WeightSyncError`` with the server's message on failure."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    body = {
+        "serialized_named_tensors": [serialize_named_tensors(named)],
+        "flush_cache": True,
+        "weight_version": str(version),
+    }
+    req = urllib.request.Request(
+        url.rstrip("/") + "/update_weights_from_tensor",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            answer = json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raise WeightSyncError(
+            f"{url}: /update_weights_from_tensor answered {e.code}: {e.read()[:500]!r}"
+        ) from None
+    if not answer.get("success"):
+        raise WeightSyncError(f"{url}: /update_weights_from_tensor failed: {answer.get('message')}")

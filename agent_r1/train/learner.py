@@ -186,7 +186,20 @@ class Learner:
             metrics.update(_rollout_metrics(b, old, version))
         metrics["train/optimizer_steps"] = float(len(step_metrics))
         metrics["train/tokens"] = float(b.num_stream_tokens)
-        return metrics
+        return self._from_last_stage(metrics)
+
+    def _from_last_stage(self, x: Any) -> Any:
+        """What the last pipeline stage computed (losses, advantages, values live there), on every
+        stage of the pipeline: rank 0, the coordinator, reports it."""
+        ps = self.ps
+        if ps.get_pipeline_model_parallel_world_size() == 1:
+            return x
+        group = ps.get_pipeline_model_parallel_group()
+        parts = [None] * dist.get_world_size(group)
+        dist.all_gather_object(parts, x, group=group)
+        if isinstance(x, dict):  # stage order: the last stage's values win, other stages add theirs
+            return {k: v for part in parts for k, v in part.items()}
+        return parts[-1]
 
     def sft(
         self,
@@ -224,7 +237,7 @@ class Learner:
                 losses.append(m["loss/pg"])
                 bar.set_postfix(nll=f"{m['loss/pg']:.3f}")
         self.actor.scheduler = self.actor.make_scheduler(self.actor.optim_cfg)  # back to the RL schedule
-        return losses
+        return self._from_last_stage(losses)
 
     # ---- weights ---------------------------------------------------------------------------------
     def gather_hf_weights(self) -> dict[str, torch.Tensor] | None:

@@ -389,3 +389,39 @@ def test_greedy_over_http_equals_transformers(cluster, tiny_model_dir, codec):
         torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0
     )
     assert st == 200 and out["output_ids"] == ref[0, len(prompt) :].tolist()
+
+
+def test_weight_update_through_shared_memory_ipc(cluster, tiny_model_dir, tmp_path):
+    """``/update_weights_from_tensor`` (SGLang's colocated path): the tensors travel as handles the
+    server maps (CUDA IPC on a GPU, shared memory here), and only to a server started with
+    ``--weight-ipc`` (the body is unpickled)."""
+    import torch.multiprocessing as mp
+    from safetensors.torch import load_file
+
+    from agent_r1.rollout.weight_sync import push_weights_ipc
+
+    _, (plain, _) = cluster
+    original = load_file(str(tiny_model_dir / "model.safetensors"))
+    changed = {n: t + 0.25 for n, t in original.items()}
+    before = mp.get_sharing_strategy()
+    mp.set_sharing_strategy("file_system")  # CPU tensors by shm name: any local process can map them
+    ipc = ServerProc(tiny_model_dir, tmp_path, "ipc", "--weight-ipc")
+    try:
+        with pytest.raises(WeightSyncError, match="403"):
+            push_weights_ipc(plain.url, changed, 7)
+        push_weights_ipc(ipc.url, changed, 7)
+        for name in ("model.norm.weight", "model.layers.0.mlp.down_proj.weight"):
+            got = http("POST", ipc.url + "/get_weights_by_name", {"name": name, "truncate_size": 5})[1]
+            assert got == pytest.approx(changed[name].flatten()[:5].tolist(), abs=1e-6), name
+        assert http("GET", ipc.url + "/get_model_info")[1]["weight_version"] == "7"
+        status, body = http(
+            "POST", ipc.url + "/update_weights_from_tensor", {"serialized_named_tensors": "x"}
+        )
+        assert status == 400 and "serialized_named_tensors" in body["message"]
+        status, body = http(
+            "POST", ipc.url + "/update_weights_from_tensor", {"serialized_named_tensors": ["!!"]}
+        )
+        assert status == 400 and "update_weights_from_tensor failed" in body["message"]
+    finally:
+        mp.set_sharing_strategy(before)
+        ipc.kill()
