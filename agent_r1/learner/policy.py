@@ -82,7 +82,8 @@ class AttentionPlan:
         order = np.argsort(-lengths, kind="stable")
         buckets, dest, i = [], [], 0
         while i < len(order):
-            L, j, total = int(lengths[order[i]]), i, 0
+            L = int(lengths[order[i]])
+            j, total = i + 1, L  # the longest sequence opens the bucket
             while j < len(order) and total + lengths[order[j]] >= fill * L * (j - i + 1):
                 total += int(lengths[order[j]])
                 j += 1

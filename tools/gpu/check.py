@@ -383,9 +383,15 @@ def main() -> None:
     if not a.cpu and not torch.cuda.is_available():
         sys.exit("no CUDA device: run with --cpu for a smoke test")
     torch.manual_seed(0)
+    c = Ctx(a)
     if a.cpu:
+        from transformers import AutoModelForCausalLM
+
         from agent_r1.learner.cpu_compat import apply
 
+        # an HF model loaded for the first time after Megatron's CPU patches gets wrong rotary
+        # buffers (see tests/learner/megatron_worker.py); one load before them avoids it
+        AutoModelForCausalLM.from_pretrained(c.model_dir)
         apply()
         torch.multiprocessing.set_sharing_strategy("file_system")
     else:
@@ -395,7 +401,6 @@ def main() -> None:
     from megatron.core import parallel_state as ps
 
     ps.initialize_model_parallel(1, 1)
-    c = Ctx(a)
     results, failed = {}, []
     for fn in CHECKS:
         if a.only and fn.__name__ not in a.only.split(","):
