@@ -155,8 +155,8 @@ class Learner:
         b = self.batch(table)
         plan = self._plan(b.num_trajectories, iteration)
         everything = self.micro(b)
-        # The first optimizer step runs on the weights that generated nothing yet: its own forward
-        # gives their logprobs. Only the other trajectories need an old-logprob pass beforehand.
+        # The first optimizer step runs before any weight has moved, so its own forward gives the
+        # old logprobs of its trajectories; only the others need an old-logprob pass beforehand.
         later = np.setdiff1d(np.arange(b.num_trajectories), plan[0])
         old = self.actor.logprobs(self.micro(b, later), b.num_action_tokens) if later.size else None
         ref = self.ref.logprobs(everything, b.num_action_tokens) if self.ref is not None else None
