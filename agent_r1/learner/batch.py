@@ -141,8 +141,7 @@ class LearnerBatch:
             value_pos=act_start - 1,
             traj_tokens=np.append(step_start[traj_steps[:-1]], n).astype(np.int64),
             step_of_token=np.repeat(np.arange(S, dtype=np.int64), act_len),
-            trainable_per_step=_exclusive_cumsum(mask != 0)[act_off[1:]]
-            - _exclusive_cumsum(mask != 0)[act_off[:-1]],
+            trainable_per_step=np.diff(_exclusive_cumsum(mask != 0)[act_off]),
         )
 
     # ---- sizes ------------------------------------------------------------------------------------
