@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agent_r1.rollout.sampling import BadRequest, Sampling, sample_batch
+from agent_r1.rollout.sampling import BadRequest, Sampling, is_token_id, sample_batch
 from agent_r1.rollout.slot_model import SlotModel
 
 log = logging.getLogger("agent_r1.engine")
@@ -244,7 +244,7 @@ class Engine:
         """Validate one prompt and expand ``n``; raises BadRequest naming the field."""
         if not isinstance(input_ids, list) or not input_ids:
             raise BadRequest("input_ids: must be a non-empty list of token ids")
-        bad = [t for t in input_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        bad = [t for t in input_ids if not is_token_id(t, self.vocab_size)]
         if bad:
             raise BadRequest(f"input_ids: token id {bad[0]!r} outside the vocabulary [0, {self.vocab_size})")
         if len(input_ids) >= self.max_len:
@@ -256,6 +256,8 @@ class Engine:
             raise BadRequest(f"top_logprobs_num: must be an integer >= 0, got {top_logprobs_num!r}")
         if not isinstance(logprob_start_len, int) or logprob_start_len < -1:
             raise BadRequest(f"logprob_start_len: must be an integer >= -1, got {logprob_start_len!r}")
+        if rid is not None and not isinstance(rid, str):
+            raise BadRequest(f"rid: must be a string, got {type(rid).__name__}")
         rid = rid or uuid.uuid4().hex
         out = []
         for i in range(s.n):

@@ -4,14 +4,23 @@ min-p truncation (SGLang's meaning); T = 0 is greedy with log_softmax(logits).""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+SEED_LIMIT = (1 << 63) - 128  # seed + sample index (n <= 128) still seeds a torch.Generator
+GREEDY_BELOW = 1e-5  # temperatures under this sample greedily (dividing logits by them overflows)
+
 
 class BadRequest(ValueError):
     """Invalid request input; the message names the field (HTTP 400)."""
+
+
+def is_token_id(t: Any, vocab_size: int) -> bool:
+    """An int (not a bool: JSON true/false would pass ``isinstance(t, int)``) in [0, vocab_size)."""
+    return isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size
 
 
 @dataclass
@@ -33,6 +42,8 @@ class Sampling:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None, vocab_size: int) -> Sampling:
+        if d is not None and not isinstance(d, dict):
+            raise BadRequest(f"sampling_params: must be an object, got {type(d).__name__}")
         d = dict(d or {})
         known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(d) - known)
@@ -61,9 +72,15 @@ class Sampling:
             bad("min_new_tokens", "must be >= 0")
         if not 1 <= self.n <= 128:
             bad("n", "must be in [1, 128]")
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+        for name in ("temperature", "top_p", "min_p"):  # NaN and inf fail every range check below
+            x = getattr(self, name)
+            if not isinstance(x, (int, float)) or isinstance(x, bool) or not math.isfinite(x):
+                bad(name, "must be a finite number")
+        if self.temperature < 0:
             bad("temperature", "must be a number >= 0")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+        if self.temperature < GREEDY_BELOW:  # as SGLang: a vanishing temperature is greedy
+            self.temperature = 0.0
+        if not 0 < self.top_p <= 1:
             bad("top_p", "must be in (0, 1]")
         if self.top_k == 0 or self.top_k < -1:
             bad("top_k", "must be -1 (off) or >= 1")
@@ -72,11 +89,15 @@ class Sampling:
         if not isinstance(self.stop, list) or not all(isinstance(x, str) and x for x in self.stop):
             bad("stop", "must be a non-empty string or a list of them")
         if not isinstance(self.stop_token_ids, list) or not all(
-            isinstance(t, int) and 0 <= t < vocab_size for t in self.stop_token_ids
+            is_token_id(t, vocab_size) for t in self.stop_token_ids
         ):
             bad("stop_token_ids", f"must be token ids in [0, {vocab_size})")
-        if self.sampling_seed is not None and not isinstance(self.sampling_seed, int):
-            bad("sampling_seed", "must be an integer")
+        if self.sampling_seed is not None and (
+            not isinstance(self.sampling_seed, int)
+            or isinstance(self.sampling_seed, bool)
+            or not 0 <= self.sampling_seed < SEED_LIMIT
+        ):
+            bad("sampling_seed", f"must be an integer in [0, {SEED_LIMIT})")
 
 
 def sample_batch(

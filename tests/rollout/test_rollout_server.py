@@ -3,6 +3,7 @@ sglang-router in front of two embedded servers, client retries, weight updates o
 
 import asyncio
 import json
+import math
 import threading
 import time
 
@@ -112,6 +113,13 @@ def test_streaming_sse(cluster):
         ({"input_ids": [1], "sampling_params": {"temprature": 1}}, "unknown field `temprature`"),
         ({"input_ids": [1], "sampling_params": {"top_p": 2}}, "sampling_params.top_p"),
         ({"input_ids": [1], "top_logprobs_num": -1}, "top_logprobs_num"),
+        ({"input_ids": [True, False]}, "outside the vocabulary"),  # JSON booleans are not token ids
+        (b'{"input_ids": [1], "sampling_params": {"temperature": NaN}}', "sampling_params.temperature"),
+        (b'{"input_ids": [1], "sampling_params": {"top_p": Infinity}}', "sampling_params.top_p"),
+        ({"input_ids": [1], "sampling_params": "ab"}, "sampling_params: must be an object"),
+        ({"input_ids": [1], "sampling_params": {"sampling_seed": 2**70}}, "sampling_params.sampling_seed"),
+        ({"input_ids": [1], "sampling_params": {"stop_token_ids": [True]}}, "sampling_params.stop_token_ids"),
+        ({"input_ids": [1], "rid": 5}, "rid: must be a string"),
     ],
 )
 def test_bad_requests_answer_400_and_server_keeps_serving(cluster, body, msg):
@@ -119,6 +127,18 @@ def test_bad_requests_answer_400_and_server_keeps_serving(cluster, body, msg):
     st, out = gen(s.url, body)
     assert st == 400 and msg in out["error"]["message"]
     assert gen(s.url, {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}})[0] == 200
+
+
+def test_vanishing_temperature_is_greedy_with_finite_logprobs(cluster):
+    _, (s, _) = cluster
+    body = {"input_ids": [1, 2, 3], "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 6, "ignore_eos": True}}  # fmt: skip
+    tiny = gen(s.url, {**body, "sampling_params": {**body["sampling_params"], "temperature": 1e-300}})
+    greedy = gen(s.url, {**body, "sampling_params": {**body["sampling_params"], "temperature": 0}})
+    assert tiny[0] == greedy[0] == 200
+    assert tiny[1]["output_ids"] == greedy[1]["output_ids"]
+    lps = [x[0] for x in tiny[1]["meta_info"]["output_token_logprobs"]]
+    assert all(math.isfinite(x) for x in lps)
 
 
 def test_info_health_loads_flush(cluster):
