@@ -9,7 +9,8 @@ the batch's flat arrays (``act_index`` for action tokens, ``step_index`` for ste
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,6 +31,7 @@ class Packed:
     step_index: torch.Tensor  # (num_steps,) row of each step in the batch's step arrays
     bounds: list[tuple[int, int]]  # (start, end) of every sequence, as host ints
     trajectories: np.ndarray  # batch indices of the member trajectories
+    cache: dict[str, Any] = field(default_factory=dict, repr=False)  # per-forward plans built once
 
     @property
     def num_tokens(self) -> int:

@@ -331,7 +331,9 @@ def _forward(model: Any, packed: Packed) -> torch.Tensor:
     attention = install_packed_attention(model)
     rotary.positions = packed.positions
     if attention is not None:
-        attention["plan"] = AttentionPlan.of(packed.bounds, packed.tokens.device)
+        if "attention" not in packed.cache:  # the same for every pass over this micro-batch
+            packed.cache["attention"] = AttentionPlan.of(packed.bounds, packed.tokens.device)
+        attention["plan"] = packed.cache["attention"]
     try:
         mask = None if attention is not None else packed.attention_mask()
         return model(packed.tokens.unsqueeze(0), packed.positions.unsqueeze(0), mask)

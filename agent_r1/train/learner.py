@@ -154,13 +154,12 @@ class Learner:
         a = self.cfg.algorithm
         b = self.batch(table)
         plan = self._plan(b.num_trajectories, iteration)
-        everything = self.micro(b)
         # The first optimizer step runs before any weight has moved, so its own forward gives the
         # old logprobs of its trajectories; only the others need an old-logprob pass beforehand.
         later = np.setdiff1d(np.arange(b.num_trajectories), plan[0])
         old = self.actor.logprobs(self.micro(b, later), b.num_action_tokens) if later.size else None
-        ref = self.ref.logprobs(everything, b.num_action_tokens) if self.ref is not None else None
-        values = self.critic.values(everything, b.num_steps) if self.critic is not None else None
+        ref = self.ref.logprobs(self.micro(b), b.num_action_tokens) if self.ref is not None else None
+        values = self.critic.values(self.micro(b), b.num_steps) if self.critic is not None else None
         metrics, targets, returns = {}, None, None
         if self.last_stage:
             adv, returns, metrics = self._advantages(b, values)
