@@ -171,8 +171,21 @@ def _serve(a: argparse.Namespace) -> int:
         threads=a.threads,
         device=a.device,
         weight_ipc=a.weight_ipc,
+        api_key=_api_key(a),
+        max_body_mb=a.max_body_mb,
     )
     return 0
+
+
+def _api_key(a: argparse.Namespace) -> str | None:
+    if a.api_key and a.api_key_file:
+        raise SystemExit("give --api-key or --api-key-file, not both")
+    if a.api_key_file:
+        key = Path(a.api_key_file).read_text().strip()
+        if not key:
+            raise SystemExit(f"--api-key-file {a.api_key_file} is empty")
+        return key
+    return a.api_key
 
 
 def _train(a: argparse.Namespace) -> int:
@@ -193,17 +206,23 @@ def _train(a: argparse.Namespace) -> int:
         )
         return 2
     from agent_r1.train.launcher import train_local
+    from agent_r1.train.run_dir import RunDirBusy
 
-    return train_local(cfg)
+    try:
+        return train_local(cfg)
+    except RunDirBusy as e:
+        print(f"agent-r1 train: {e}", file=sys.stderr)
+        return 2
 
 
 def _launch(a: argparse.Namespace) -> int:
     from agent_r1.train.config import ConfigError
+    from agent_r1.train.run_dir import RunDirBusy
     from agent_r1.train.slurm import SlurmError, launch
 
     try:
         out = launch(a.overrides, dry_run=a.dry_run)
-    except (ConfigError, SlurmError) as e:
+    except (ConfigError, SlurmError, RunDirBusy) as e:
         print(f"agent-r1 launch: {e}", file=sys.stderr)
         return 2
     if a.dry_run:
@@ -305,6 +324,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument(
         "--ready-file", help="write {url} here once listening (run_dir/control/servers/NAME.json)"
     )
+    sv.add_argument(
+        "--api-key", help="require `Authorization: Bearer KEY` on every endpoint but /health (as SGLang)"
+    )
+    sv.add_argument("--api-key-file", help="read the API key from this file (keeps it out of `ps`)")
+    sv.add_argument("--max-body-mb", type=int, default=256, help="larger request bodies are refused with 413")
     sv.set_defaults(fn=_serve)
 
     tr = sub.add_parser(

@@ -37,15 +37,31 @@ def discover_servers(run_dir: str | Path, kind: str = "servers") -> list[str]:
     return [json.loads(p.read_text())["url"] for p in sorted(d.glob("*.json"))]
 
 
-async def probe(urls: list[str], path: str, timeout_s: float = 10.0) -> list[Any]:
+async def probe(urls: list[str], path: str, timeout_s: float = 10.0, api_key: str | None = None) -> list[Any]:
     """GET ``path`` on every server at once, no retries: each answer, or the exception it raised."""
     if not urls:
         return []
-    client = RolloutClient(servers=urls, timeout_s=timeout_s, max_retries=0)
+    client = RolloutClient(servers=urls, timeout_s=timeout_s, max_retries=0, api_key=api_key)
     try:
         return await asyncio.gather(*(client.get(u, path) for u in urls), return_exceptions=True)
     finally:
         await client.close()
+
+
+def weight_version(info: Any) -> int:
+    """The integer weight version in a ``/get_model_info`` answer (SGLang reports it there as a
+    string); -1 for anything else (an error, a non-numeric version)."""
+    v = info.get("weight_version") if isinstance(info, dict) else None
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return -1
+
+
+async def server_versions(urls: list[str], api_key: str | None = None) -> dict[str, int]:
+    """Weight version of every server that answers ``/get_model_info`` (dead ones are left out)."""
+    answers = await probe(urls, "/get_model_info", api_key=api_key)
+    return {u: weight_version(a) for u, a in zip(urls, answers, strict=True) if isinstance(a, dict)}
 
 
 def to_completion(out: dict[str, Any]) -> Completion:
@@ -69,7 +85,9 @@ class RolloutClient:
         timeout_s: float = 600.0,
         max_retries: int = 3,
         cooldown_s: float = 5.0,
+        api_key: str | None = None,
     ):
+        """``api_key``: sent as ``Authorization: Bearer KEY`` (servers started with ``--api-key``)."""
         if not servers and not router:
             raise ValueError("RolloutClient needs servers or a router URL")
         self.servers = [s.rstrip("/") for s in servers or []]
@@ -82,11 +100,12 @@ class RolloutClient:
         self.rid_server: dict[str, str] = {}
         self.disabled: set[str] = set()  # e.g. servers that missed a weight update
         self._session: aiohttp.ClientSession | None = None
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     # ---- plumbing --------------------------------------------------------------------------------
     async def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=self.timeout)
+            self._session = aiohttp.ClientSession(timeout=self.timeout, headers=self.headers)
         return self._session
 
     async def close(self) -> None:

@@ -325,11 +325,7 @@ class Engine:
             if mode == "abort":
                 self.abort(abort_all=True)
             elif mode == "retract":
-                for r in reversed(self.running):
-                    r.state, r.slot, r.computed, r.shared = "waiting", -1, 0, None
-                    r.retractions += 1
-                    self.waiting.appendleft(r)
-                self.running = []
+                self._retract_running()
 
     def resume(self) -> None:
         with self._control():
@@ -403,19 +399,9 @@ class Engine:
                     return
                 try:
                     self.step()
-                except Exception as e:  # noqa: BLE001 - fail the requests loudly, keep serving
-                    log.exception("engine step failed")
-                    for r in list(self.running) + list(self.waiting):
-                        self._finish(
-                            r,
-                            {
-                                "type": "abort",
-                                "message": f"engine error: {e}",
-                                "status_code": 500,
-                                "err_type": type(e).__name__,
-                            },
-                        )
-                    self._retire()
+                except Exception:  # noqa: BLE001 - find the request that failed, keep serving
+                    log.exception("engine step failed; stepping its requests one at a time")
+                    self._isolate()
             while self._waiters:  # let control calls (abort, pause, weights) in between steps
                 time.sleep(0.0002)
 
@@ -434,6 +420,50 @@ class Engine:
         self._prefill()
         self._decode()
         self._retire()
+
+    def _retract_running(self) -> list[Request]:
+        """Put every running request back at the head of the queue; its KV is recomputed when it
+        is admitted again (tokens already generated are kept, as in SGLang's retraction)."""
+        back = [r for r in self.running if r.state != "done"]
+        for r in reversed(back):
+            r.state, r.slot, r.computed, r.shared = "waiting", -1, 0, None
+            r.retractions += 1
+            self.waiting.appendleft(r)
+        self.running = []
+        return back
+
+    def _isolate(self) -> None:
+        """A batched step failed: retract its requests and step each one alone. A request that
+        fails alone is finished with the error (its client gets it); the others go back to the
+        queue and continue, so one bad request never aborts the batch it shared a step with."""
+        suspects = self._retract_running()
+        cap = self.max_running
+        self.max_running = 1
+        try:
+            for r in suspects:
+                self.waiting.remove(r)
+                self.waiting.appendleft(r)
+                try:
+                    self.step()
+                except Exception as e:  # noqa: BLE001 - this request's own failure
+                    log.error("request %s failed alone: %s: %s", r.rid, type(e).__name__, e)
+                    self.running = [x for x in self.running if x is not r]
+                    if r in self.waiting:
+                        self.waiting.remove(r)
+                    r.slot = -1
+                    self._finish(
+                        r,
+                        {
+                            "type": "abort",
+                            "message": f"engine error: {type(e).__name__}: {e}",
+                            "status_code": 500,
+                            "err_type": type(e).__name__,
+                        },
+                    )
+                    continue
+                self._retract_running()
+        finally:
+            self.max_running = cap
 
     def _blocked_by_sibling(self, toks: np.ndarray) -> bool:
         """Wait while a request still prefilling shares more of this prompt than it has computed."""

@@ -8,8 +8,10 @@ Errors answer 400 with ``{"error": {"message": ...}}`` naming the field; control
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
+import math
 import pickle
 import time
 from datetime import timedelta
@@ -32,14 +34,69 @@ DTYPES = {
 }
 
 
+PARSE_OFF_LOOP_BYTES = 1 << 20  # larger bodies are parsed in a thread: /health stays responsive
+OPEN_PATHS = frozenset({"/health"})  # answered without the API key (liveness probes)
+
+
+def _finite(obj: Any) -> Any:
+    """``obj`` with every NaN / infinity replaced by None (JSON has no such numbers)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any) -> str:
+    """Strict JSON: a non-finite float becomes null instead of the bare ``NaN`` json.dumps writes."""
+    try:
+        return json.dumps(obj, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(obj), allow_nan=False)
+
+
+def _json(obj: Any, status: int = 200) -> web.Response:
+    return web.json_response(obj, status=status, dumps=dumps)
+
+
 def _error(msg: str, status: int = 400) -> web.Response:
-    return web.json_response({"error": {"message": msg}}, status=status)
+    return _json({"error": {"message": msg}}, status=status)
 
 
 def _ok(success: bool = True, message: str = "", **extra: Any) -> web.Response:
-    return web.json_response(
-        {"success": success, "message": message, **extra}, status=200 if success else 400
-    )
+    return _json({"success": success, "message": message, **extra}, status=200 if success else 400)
+
+
+async def read_json_body(request: web.Request) -> Any:
+    """The request body as JSON; BadRequest naming what is wrong (not JSON, not UTF-8). Bodies over
+    ``client_max_size`` are refused by aiohttp with 413 before they are read."""
+    raw = await request.read()
+    try:
+        if len(raw) > PARSE_OFF_LOOP_BYTES:
+            return await asyncio.to_thread(json.loads, raw)
+        return json.loads(raw)
+    except UnicodeDecodeError as e:
+        raise BadRequest(f"request body is not UTF-8: {e}") from None
+    except json.JSONDecodeError as e:
+        raise BadRequest(f"request body is not JSON: {e}") from None
+    except RecursionError:
+        raise BadRequest("request body is nested too deeply") from None
+
+
+def api_key_middleware(key: str):
+    """SGLang's ``--api-key``: every endpoint but ``/health`` needs ``Authorization: Bearer KEY``."""
+
+    @web.middleware
+    async def check(request: web.Request, handler):
+        if request.path not in OPEN_PATHS:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+                return _error("unauthorized: this server needs its API key (Authorization: Bearer ...)", 401)
+        return await handler(request)
+
+    return check
 
 
 class WeightReceiver:
@@ -100,13 +157,22 @@ class WeightReceiver:
 
 
 class Server:
-    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 30000, weight_ipc: bool = False):
+    def __init__(
+        self,
+        engine: Engine,
+        host: str = "127.0.0.1",
+        port: int = 30000,
+        weight_ipc: bool = False,
+        api_key: str | None = None,
+        max_body_mb: int = 256,
+    ):
         self.engine, self.host, self.port = engine, host, port
         self.weight_ipc = (
             weight_ipc  # /update_weights_from_tensor unpickles its body: colocated trainers only
         )
         self.weights = WeightReceiver()
-        self.app = web.Application(client_max_size=1 << 30)
+        middlewares = [api_key_middleware(api_key)] if api_key else []
+        self.app = web.Application(client_max_size=max_body_mb << 20, middlewares=middlewares)
         r = self.app.router
         r.add_route("*", "/generate", self.generate)
         r.add_get("/health", self.health)
@@ -192,9 +258,9 @@ class Server:
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         try:
-            body = await request.json()
-        except json.JSONDecodeError as e:
-            return _error(f"request body is not JSON: {e}")
+            body = await read_json_body(request)
+        except BadRequest as e:
+            return _error(str(e))
         if not isinstance(body, dict):
             return _error("request body must be a JSON object")
         loop = asyncio.get_running_loop()
@@ -245,12 +311,12 @@ class Server:
             while left:
                 _, finished, _ = await queue.get()
                 left -= finished
-        except asyncio.CancelledError:  # client went away: free the engine
+        except asyncio.CancelledError:  # client went away (handler cancellation): free the engine
             for r in reqs:
                 self.engine.abort(r.rid)
             raise
         out = [self._payload(r, i) for i, r in enumerate(reqs)]
-        return web.json_response(out if many else out[0])
+        return _json(out if many else out[0])
 
     async def _stream(
         self, request: web.Request, reqs: list[Request], queue: asyncio.Queue, many: bool
@@ -262,7 +328,7 @@ class Server:
             while left:
                 _, finished, chunk = await queue.get()
                 left -= finished
-                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                await resp.write(f"data: {dumps(chunk)}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
         except (ConnectionResetError, asyncio.CancelledError):
             for r in reqs:
@@ -292,7 +358,7 @@ class Server:
 
     async def server_info(self, request: web.Request) -> web.Response:
         e = self.engine
-        return web.json_response(
+        return _json(
             {
                 "model_path": e.model_dir,
                 "tokenizer_path": e.model_dir,
@@ -315,7 +381,7 @@ class Server:
 
     async def model_info(self, request: web.Request) -> web.Response:
         cfg = self.engine.model.config
-        return web.json_response(
+        return _json(
             {
                 "model_path": self.engine.model_dir,
                 "tokenizer_path": self.engine.model_dir,
@@ -329,7 +395,7 @@ class Server:
         )
 
     async def loads(self, request: web.Request) -> web.Response:
-        return web.json_response(
+        return _json(
             {
                 "timestamp": time.time(),
                 "version": VERSION,
@@ -343,10 +409,7 @@ class Server:
     async def _body(self, request: web.Request) -> dict[str, Any]:
         if not request.can_read_body:
             return {}
-        try:
-            body = await request.json()
-        except json.JSONDecodeError as e:
-            raise BadRequest(f"request body is not JSON: {e}") from None
+        body = await read_json_body(request)
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
         return body
@@ -357,7 +420,12 @@ class Server:
         return web.Response(status=400, text="Cache not flushed: requests are running or waiting.")
 
     async def abort_request(self, request: web.Request) -> web.Response:
-        body = await self._body(request)
+        try:
+            body = await self._body(request)
+            if not isinstance(body.get("rid", ""), str):
+                raise BadRequest(f"rid: must be a string, got {type(body['rid']).__name__}")
+        except BadRequest as e:
+            return _error(str(e))
         self.engine.abort(body.get("rid", ""), bool(body.get("abort_all", False)))
         return web.Response(status=200)
 
@@ -367,11 +435,11 @@ class Server:
             self.engine.pause(body.get("mode", "abort"))
         except BadRequest as e:
             return _error(str(e))
-        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+        return _json({"message": "Generation paused successfully.", "status": "ok"})
 
     async def resume(self, request: web.Request) -> web.Response:
         self.engine.resume()
-        return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+        return _json({"message": "Generation continued successfully.", "status": "ok"})
 
     async def update_from_disk(self, request: web.Request) -> web.Response:
         try:
@@ -460,7 +528,7 @@ class Server:
         return _ok(True, "Succeeded to update weight version.", new_version=self.engine.weight_version)
 
     async def get_version(self, request: web.Request) -> web.Response:
-        return web.json_response({"weight_version": self.engine.weight_version})
+        return _json({"weight_version": self.engine.weight_version})
 
     async def weights_by_name(self, request: web.Request) -> web.Response:
         body = await self._body(request)
@@ -468,16 +536,15 @@ class Server:
         name = body.get("name")
         if name not in params:
             return _error(f"name: unknown parameter {name!r}")
-        return web.json_response(
-            params[name].detach().flatten()[: int(body.get("truncate_size", 100))].tolist()
-        )
+        return _json(params[name].detach().flatten()[: int(body.get("truncate_size", 100))].tolist())
 
     async def noop(self, request: web.Request) -> web.Response:
-        return web.json_response(None)
+        return _json(None)
 
     # ---- running ----------------------------------------------------------------------------------------------
     async def start(self) -> web.AppRunner:
-        runner = web.AppRunner(self.app, access_log=None)
+        # handler_cancellation: a client that hangs up cancels its handler, which aborts its requests
+        runner = web.AppRunner(self.app, access_log=None, handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port)
         await site.start()
@@ -496,8 +563,10 @@ def serve(
     from pathlib import Path
 
     weight_ipc = bool(engine_kw.pop("weight_ipc", False))
+    api_key = engine_kw.pop("api_key", None)
+    max_body_mb = int(engine_kw.pop("max_body_mb", 256))
     engine = Engine(model, **engine_kw)
-    server = Server(engine, host, port, weight_ipc=weight_ipc)
+    server = Server(engine, host, port, weight_ipc=weight_ipc, api_key=api_key, max_body_mb=max_body_mb)
     loop = asyncio.new_event_loop()
     started = threading.Event()
     failed: list[BaseException] = []

@@ -69,13 +69,14 @@ class WeightUpdateGroup:
         backend: str = "gloo",
         group_name: str = "weight_update_group",
         rollout_client: RolloutClient | None = None,
+        api_key: str | None = None,
     ):
         """``rollout_client``: the client that generates; servers that miss an update are disabled
         in it until they have the new version."""
         self.servers = [s.rstrip("/") for s in servers]
         self.rollout_client = rollout_client
         self.master_address, self.backend, self.group_name = master_address, backend, group_name
-        self.client = RolloutClient(servers=self.servers)
+        self.client = RolloutClient(servers=self.servers, api_key=api_key)
         self.group = None
         self.healthy = set(self.servers)
 
@@ -175,7 +176,7 @@ class WeightUpdateGroup:
 
     async def verify(self, version: int | str) -> None:
         answers = await asyncio.gather(
-            *(self.client.get(s, "/get_weight_version") for s in self.servers), return_exceptions=True
+            *(self.client.get(s, "/get_model_info") for s in self.servers), return_exceptions=True
         )
         bad = [
             s
@@ -204,17 +205,23 @@ class WeightUpdateGroup:
 
 
 async def push_weights_from_disk(
-    servers: list[str], named: Iterable[tuple[str, torch.Tensor]], out_dir: str | Path, version: int | str
+    servers: list[str],
+    named: Iterable[tuple[str, torch.Tensor]] | None,
+    out_dir: str | Path,
+    version: int | str,
+    api_key: str | None = None,
 ) -> None:
-    """Write ``model.safetensors`` under ``out_dir`` (shared filesystem) and have every server load it."""
-    from safetensors.torch import save_file
-
+    """Write ``model.safetensors`` under ``out_dir`` (shared filesystem) and have every server load
+    it; ``named=None`` only has the servers load what ``out_dir`` already holds (a late server)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / ".model.safetensors.tmp"
-    save_file({n: t.detach().contiguous().cpu() for n, t in named}, str(tmp))
-    tmp.replace(out / "model.safetensors")
-    client = RolloutClient(servers=servers)
+    if named is not None:
+        from safetensors.torch import save_file
+
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = out / ".model.safetensors.tmp"
+        save_file({n: t.detach().contiguous().cpu() for n, t in named}, str(tmp))
+        tmp.replace(out / "model.safetensors")
+    client = RolloutClient(servers=servers, api_key=api_key)
     try:
         answers = await asyncio.gather(
             *(
@@ -262,7 +269,11 @@ def deserialize_named_tensors(blob: str) -> dict[str, torch.Tensor]:
 
 
 def push_weights_ipc(
-    url: str, named: dict[str, torch.Tensor], version: int | str, timeout_s: float = 600.0
+    url: str,
+    named: dict[str, torch.Tensor],
+    version: int | str,
+    timeout_s: float = 600.0,
+    api_key: str | None = None,
 ) -> None:
     """Update a colocated server (same machine; same GPU for CUDA tensors) through
     ``/update_weights_from_tensor``; the server copies from the shared memory into its weights.
@@ -276,10 +287,11 @@ def push_weights_ipc(
         "flush_cache": True,
         "weight_version": str(version),
     }
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
     req = urllib.request.Request(
-        url.rstrip("/") + "/update_weights_from_tensor",
-        json.dumps(body).encode(),
-        {"Content-Type": "application/json"},
+        url.rstrip("/") + "/update_weights_from_tensor", json.dumps(body).encode(), headers
     )
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as r:

@@ -20,8 +20,8 @@ from tqdm import tqdm
 
 from agent_r1.records.reader import RecordStore
 from agent_r1.records.shard import finalize_iteration, iteration_dir, iteration_dirs
-from agent_r1.rollout.client import discover_servers, probe
-from agent_r1.rollout.weight_sync import WeightSyncError, WeightUpdateGroup
+from agent_r1.rollout.client import discover_servers, probe, server_versions
+from agent_r1.rollout.weight_sync import WeightSyncError, WeightUpdateGroup, push_weights_from_disk
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.metrics import STATS_COLUMNS, table_stats
 from agent_r1.train.run_dir import RunDir, node_address, read_json
@@ -64,6 +64,22 @@ def find_checkpoint(rd: RunDir, resume: str) -> Path | None:
     return done[-1] if done else None
 
 
+class StallWatch:
+    """A rollout is stalled when no episode finished for ``seconds`` while no live server could
+    serve it (a dead server whose replacement never came up, or never got the weights)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.progress, self.since = -1, time.time()
+
+    def check(self, done: int, live_servers: int) -> bool:
+        now = time.time()
+        if done != self.progress or live_servers > 0:
+            self.progress, self.since = done, now
+            return False
+        return now - self.since > self.seconds
+
+
 class Coordinator:
     def __init__(self, cfg: TrainConfig, rd: RunDir, alive: Any = None, should_stop: Any = None):
         self.cfg, self.rd, self.alive = cfg, rd, alive
@@ -71,6 +87,10 @@ class Coordinator:
         self.loop = asyncio.new_event_loop()
         self.group = None  # WeightUpdateGroup
         self.group_servers: list[str] = []
+        self.api_key = rd.api_key()
+        # the weights the servers must have: a restarted or new server is brought to them
+        self.pushed: tuple[int, dict[str, Any]] | None = None
+        self.next_resync = 0.0
 
     # ---- rollout tasks ---------------------------------------------------------------------------
     def task(self, kind: str, iteration: int, version: int) -> RolloutTask:
@@ -141,6 +161,7 @@ class Coordinator:
         )
         deadline = time.time() + self.cfg.trainer.timeout_s
         paths = [self.rd.tasks / f"{task.name}.w{k}.done" for k in range(task.workers)]
+        stall = StallWatch(self.cfg.rollout.ready_timeout_s)
         try:
             while True:
                 missing = [k for k, p in enumerate(paths) if not p.exists()]
@@ -161,6 +182,15 @@ class Coordinator:
                     self.alive()
                 if self.should_stop():
                     raise StopRequested(task.name)
+                if time.time() >= self.next_resync:  # a replaced server gets the weights it lacks
+                    self.next_resync = time.time() + self.RESYNC_EVERY_S
+                    live = self.resync(task.weight_version)
+                    if stall.check(done, live):
+                        raise RoleTimeout(
+                            f"rollout task {task.name} stalled: no progress for "
+                            f"{stall.seconds:.0f} s and no live rollout server with weight version >= "
+                            f"{task.weight_version} (see {self.rd.logs}/server_*.out and worker_*.log)"
+                        )
                 if time.time() > deadline:
                     raise RoleTimeout(
                         f"rollout task {task.name}: workers {missing} did not finish within "
@@ -199,11 +229,30 @@ class Coordinator:
             f.write(json.dumps(entry) + "\n")
 
     # ---- weights ---------------------------------------------------------------------------------
+    RESYNC_EVERY_S = 2.0
+
+    def resync(self, min_version: int) -> int:
+        """Push the current weights to every live server that lacks them (a restarted server starts
+        from the model on disk); returns how many live servers have at least ``min_version``."""
+        urls = discover_servers(self.rd.root)
+        versions = self.loop.run_until_complete(server_versions(urls, self.api_key))
+        if self.pushed is not None:
+            version, named = self.pushed
+            late = [u for u, v in versions.items() if v < version]
+            if late:
+                log.warning("servers %s lack weight version %d: pushing it to them", late, version)
+                try:
+                    self._push_to(late, named, version, late=True)
+                    versions.update(dict.fromkeys(late, version))
+                except (WeightSyncError, RuntimeError, OSError) as e:
+                    log.warning("bringing %s to version %d failed (%s); trying again", late, version, e)
+        return sum(v >= min_version for v in versions.values())
+
     def live_servers(self) -> list[str]:
         """Published servers that answer /health (a dead one's file is ignored)."""
 
         urls = discover_servers(self.rd.root)
-        answers = self.loop.run_until_complete(probe(urls, "/health"))
+        answers = self.loop.run_until_complete(probe(urls, "/health", api_key=self.api_key))
         return [u for u, a in zip(urls, answers, strict=True) if not isinstance(a, BaseException)]
 
     def push(self, named: dict[str, Any], version: int) -> float:
@@ -211,23 +260,11 @@ class Coordinator:
         that are still alive (a dead server drops out, a replaced one joins)."""
 
         t0 = time.perf_counter()
+        self.pushed = (version, named)
         for attempt in range(2):
             servers = self._wait_servers()
             try:
-                if self.cfg.rollout.weight_sync == "disk":
-                    from agent_r1.rollout.weight_sync import push_weights_from_disk
-
-                    self.loop.run_until_complete(
-                        push_weights_from_disk(
-                            servers, named.items(), self.rd.weights / f"v{version:06d}", version
-                        )
-                    )
-                    self._prune_weights(version)
-                else:
-                    self._ensure_group(servers)
-                    self.loop.run_until_complete(
-                        self.group.push(named.items(), version, self.cfg.rollout.bucket_mb << 20)
-                    )
+                self._push_to(servers, named, version)
                 return time.perf_counter() - t0
             except (WeightSyncError, RuntimeError, OSError) as e:
                 log.warning("weight push v%d failed (%s); retrying with the live servers", version, e)
@@ -235,6 +272,36 @@ class Coordinator:
                 if attempt:
                     raise
         raise AssertionError("unreachable")
+
+    def _push_to(self, servers: list[str], named: dict[str, Any], version: int, late: bool = False) -> None:
+        """Disk: write ``weights/vN`` once, every server loads it. Distributed: the run's update
+        group (re-formed when its members change); ``late`` servers get their own short-lived group
+        so the others keep generating."""
+        if self.cfg.rollout.weight_sync == "disk":
+            out = self.rd.weights / f"v{version:06d}"
+            fresh = not late or not (out / "model.safetensors").exists()
+            self.loop.run_until_complete(
+                push_weights_from_disk(
+                    servers, named.items() if fresh else None, out, version, api_key=self.api_key
+                )
+            )
+            self._prune_weights(version)
+        elif late:
+            group = WeightUpdateGroup(
+                servers, node_address(), group_name=f"late_{version}_{time.time_ns()}", api_key=self.api_key
+            )
+            try:
+                self.loop.run_until_complete(group.init(timeout_s=self.cfg.rollout.ready_timeout_s))
+                self.loop.run_until_complete(
+                    group.push(named.items(), version, self.cfg.rollout.bucket_mb << 20)
+                )
+            finally:
+                self.loop.run_until_complete(asyncio.wait_for(group.close(), 30))
+        else:
+            self._ensure_group(servers)
+            self.loop.run_until_complete(
+                self.group.push(named.items(), version, self.cfg.rollout.bucket_mb << 20)
+            )
 
     def _wait_servers(self) -> list[str]:
         deadline = time.time() + self.cfg.rollout.ready_timeout_s
@@ -256,7 +323,7 @@ class Coordinator:
             return
         self._drop_group()
 
-        self.group = WeightUpdateGroup(servers, master_address=node_address())
+        self.group = WeightUpdateGroup(servers, master_address=node_address(), api_key=self.api_key)
         self.loop.run_until_complete(self.group.init(timeout_s=self.cfg.rollout.ready_timeout_s))
         self.group_servers = list(servers)
         log.info("weight update group with %d server(s)", len(servers))

@@ -3,8 +3,9 @@
 ``agent-r1 train`` resolves the config, prepares the run directory, starts the rollout servers
 (``agent-r1 serve``: the embedded engine behind SGLang's API), the rollout workers and the learner
 ranks (torch.distributed over gloo), each logging to ``run_dir/logs/``. A dead server or worker is
-restarted (the coordinator re-syncs a replaced server's weights; a worker's task is idempotent); a
-dead learner ends the run with its log's tail.
+restarted (the coordinator brings a replaced server to the current weights; a worker's task is
+idempotent); a dead learner ends the run with its log's tail. The launcher owns the run directory
+(``RunLock``: a second launch refuses) and its roles die with it (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from agent_r1.train.config import TrainConfig, to_yaml
 from agent_r1.train.roles import role_command
-from agent_r1.train.run_dir import RunDir, atomic_write_json
+from agent_r1.train.run_dir import RunDir, RunLock, atomic_write_json
 
 log = logging.getLogger("agent_r1.launcher")
 
@@ -85,8 +86,11 @@ class Proc:
     log_file: Any = field(default=None, repr=False)
 
     def start(self) -> None:
+        die_with_me = _die_with(os.getpid())
         if self.console:  # rank 0 shows the progress bars and the per-iteration line
-            self.popen = subprocess.Popen(self.cmd, env=self.env, start_new_session=False)
+            self.popen = subprocess.Popen(
+                self.cmd, env=self.env, start_new_session=False, preexec_fn=die_with_me
+            )
         else:
             self.log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
             self.popen = subprocess.Popen(
@@ -95,6 +99,7 @@ class Proc:
                 stdout=self.log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=False,
+                preexec_fn=die_with_me,
             )
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
@@ -111,6 +116,25 @@ class Proc:
             self.popen.wait()
         if self.log_file is not None:
             self.log_file.close()
+
+
+def _die_with(parent: int):
+    """A ``preexec_fn``: the child gets SIGKILL when ``parent`` dies (Linux ``PR_SET_PDEATHSIG``), so
+    a launcher killed in any way (kill -9, OOM, a full disk) leaves no role behind to race the next
+    launch; the run resumes from its last checkpoint and committed records are reused."""
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: the run lock still refuses a second launch
+        return None
+
+    def child() -> None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the launcher died between fork and prctl
+            os._exit(1)
+
+    return child
 
 
 def tail(path: Path, n: int = 40) -> str:
@@ -142,6 +166,7 @@ class LocalLauncher:
 
     def start(self) -> None:
         cfg = self.cfg
+        self.rd.new_api_key()  # every server of this launch requires it; every client reads it
         atomic_write_json(
             self.rd.control / "launch.json",
             {"launch_id": self.launch, "time": time.time(), "launcher": "local"},
@@ -243,6 +268,7 @@ def train_local(cfg: TrainConfig) -> int:
     """``agent-r1 train``: the whole run on this machine."""
 
     t0 = time.time()
+    lock = RunLock(RunDir.at(default_run_dir(cfg)).create()).acquire()  # held until this process exits
     rd = prepare_run(cfg)
     threads = max(1, (os.cpu_count() or 1) // cfg.parallel.learner_ranks)  # roles alternate in sync mode
     launcher = LocalLauncher(cfg, rd, threads_per_learner=threads)
@@ -262,6 +288,7 @@ def train_local(cfg: TrainConfig) -> int:
             rc = launcher.stop_gracefully(cfg.trainer.timeout_s)
     finally:
         launcher.shutdown()
+        lock.release()
     s = rd.read_summary()
     if s:
         s["launch_seconds"] = round(time.time() - t0, 1)  # this launch, model build and start-up included

@@ -146,6 +146,7 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
             dtype=cfg.model.dtype,
             max_len=cfg.model.max_len,
             threads=cfg.rollout.server_cpus,
+            api_key=rd.api_key(),
         )
         return 0
     if role == "worker":
@@ -181,6 +182,9 @@ def serve_sglang(model: str, address: str, ready_file: Path, cfg: Any) -> int:
         "--dtype",
         cfg.model.dtype,
     ]
+    key = RunDir.at(ready_file.parents[2]).api_key()
+    if key:  # SGLang takes it on the command line only
+        cmd += ["--api-key", key]
     proc = subprocess.Popen(cmd)
     signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
     url = f"http://{address}:{port}"
@@ -189,7 +193,10 @@ def serve_sglang(model: str, address: str, ready_file: Path, cfg: Any) -> int:
         if proc.poll() is not None:
             raise RuntimeError(f"sglang.launch_server exited with {proc.returncode} before it was ready")
         try:
-            with urllib.request.urlopen(f"{url}/health_generate", timeout=30) as r:
+            req = urllib.request.Request(
+                f"{url}/health_generate", headers={"Authorization": f"Bearer {key}"} if key else {}
+            )
+            with urllib.request.urlopen(req, timeout=30) as r:
                 if r.status == 200:
                     break
         except OSError:
@@ -219,6 +226,11 @@ def _learner(cfg: Any, rd: RunDir, env: RoleEnv) -> int:
     threads = os.environ.get("AGENT_R1_THREADS") or os.environ.get("SLURM_CPUS_PER_TASK") or "1"
     torch.set_num_threads(max(1, int(threads)))
     bind_local_gpu(env.local_rank)  # before anything touches CUDA: NCCL and Megatron use this device
+    lock = None
+    if env.rank == 0 and os.environ.get("AGENT_R1_LAUNCHER") != "local":  # local: the launcher owns it
+        from agent_r1.train.run_dir import RunLock
+
+        lock = RunLock(rd).acquire(f"learner rank 0 of {env.launch_id}")
     url = rendezvous(rd, env, cfg.trainer.timeout_s)
     dist.init_process_group(
         cfg.parallel.backend,
@@ -231,6 +243,8 @@ def _learner(cfg: Any, rd: RunDir, env: RoleEnv) -> int:
         summary = run_learner(cfg, rd)
     finally:
         dist.destroy_process_group()
+        if lock is not None:
+            lock.release()
     if env.rank == 0:
         log.info("summary %s", summary)
     return 3 if summary.get("preempted") else 0

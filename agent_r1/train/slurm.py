@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_r1.train.config import ConfigError, TrainConfig, load_config, to_yaml
-from agent_r1.train.run_dir import RunDir
+from agent_r1.train.run_dir import RunDir, RunLock
 
 SLURM_DIR = Path(__file__).resolve().parents[2] / "slurm"
 
@@ -213,8 +213,10 @@ def launch(overrides: list[str], dry_run: bool = False) -> dict[str, Any]:
     if dry_run:
         return {"script": script, "run_dir": str(rd.root)}
     rd.create()
+    RunLock(rd).acquire("agent-r1 launch").release()  # refuses while a job of this run is training
     ensure_model(cfg)
     rd.config.write_text(to_yaml(cfg))
+    rd.new_api_key()  # the job's servers require it; its workers and learners read it
     path = rd.root / "job.sbatch"
     path.write_text(script)
     job = sbatch(path)

@@ -22,19 +22,16 @@ from agent_r1.train.tasks import RoleTimeout, RolloutTask, acknowledge, pending_
 log = logging.getLogger("agent_r1.worker")
 
 
-async def servers_with_version(urls_fn, version: int, timeout_s: float) -> list[str]:
+async def servers_with_version(
+    urls_fn, version: int, timeout_s: float, api_key: str | None = None
+) -> list[str]:
     """Servers (re-discovered while waiting) that answer and have at least ``version``."""
-    from agent_r1.rollout.client import probe
+    from agent_r1.rollout.client import server_versions
 
     deadline = time.time() + timeout_s
     while True:
         urls = urls_fn()
-        answers = await probe(urls, "/get_weight_version")
-        ok = [
-            u
-            for u, a in zip(urls, answers, strict=True)
-            if isinstance(a, dict) and _version(a.get("weight_version")) >= version
-        ]
+        ok = [u for u, v in (await server_versions(urls, api_key)).items() if v >= version]
         if ok:
             return ok
         if time.time() > deadline:
@@ -42,13 +39,6 @@ async def servers_with_version(urls_fn, version: int, timeout_s: float) -> list[
                 f"no rollout server with weight version >= {version} within {timeout_s:.0f} s: {urls}"
             )
         await asyncio.sleep(0.2)
-
-
-def _version(v: Any) -> int:
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return -1
 
 
 async def teacher_logprobs(client: Any, trajs: list[Any]) -> list[list[float]]:
@@ -74,6 +64,8 @@ async def teacher_logprobs(client: Any, trajs: list[Any]) -> list[list[float]]:
 
 
 class Worker:
+    MAX_ATTEMPTS = 5  # a share whose servers all died is run again (nothing of it was committed)
+
     def __init__(self, cfg: TrainConfig, rd: RunDir, index: int):
         from transformers import AutoTokenizer
 
@@ -85,6 +77,7 @@ class Worker:
         self.recipe = load_recipe(cfg.recipe.name)
         self.codec = ChatCodec(AutoTokenizer.from_pretrained(cfg.model.path))
         self._rows: dict[str, list[Any]] = {}
+        self.api_key = rd.api_key()
 
     def rows(self, split: str) -> list[Any]:
         if split not in self._rows:
@@ -112,7 +105,7 @@ class Worker:
         from agent_r1.agent.types import SamplingParams
         from agent_r1.records.schema import EXTRA_FIELDS, records_to_table
         from agent_r1.records.shard import committed_shards, shard_name, write_shard
-        from agent_r1.rollout.client import RolloutClient, discover_servers
+        from agent_r1.rollout.client import RolloutClient, RolloutError, discover_servers
 
         out_dir = self.rd.root / task.records_subdir
         mine = shard_name(self.index)
@@ -124,10 +117,6 @@ class Worker:
         rc = self.cfg.rollout
         share = task.share(self.index)
         rows = [self.rows(task.split)[r] for _, r in share]
-        servers = await servers_with_version(
-            lambda: discover_servers(self.rd.root), task.weight_version, self.cfg.trainer.timeout_s
-        )
-        client = RolloutClient(servers=servers, timeout_s=rc.request_timeout_s)
         sampling = SamplingParams(
             temperature=task.temperature,
             top_p=task.top_p,
@@ -148,25 +137,44 @@ class Worker:
                 progress.write_text(str(n))
                 last[0] = time.time()
 
-        try:
-            trajs = await run_episodes(
-                rows,
-                client,
-                self.codec,
-                flow,
-                task.group_size,
-                id_prefix=f"{task.name}-w{self.index}",
-                max_concurrency=rc.max_concurrency,
-                progress=False,
-                on_episode=on_episode,
+        for attempt in range(1, self.MAX_ATTEMPTS + 1):
+            servers = await servers_with_version(
+                lambda: discover_servers(self.rd.root),
+                task.weight_version,
+                self.cfg.trainer.timeout_s,
+                self.api_key,
             )
-        finally:
-            await client.close()
+            client = RolloutClient(servers=servers, timeout_s=rc.request_timeout_s, api_key=self.api_key)
+            try:
+                trajs = await run_episodes(
+                    rows,
+                    client,
+                    self.codec,
+                    flow,
+                    task.group_size,
+                    id_prefix=f"{task.name}-w{self.index}",
+                    max_concurrency=rc.max_concurrency,
+                    progress=False,
+                    on_episode=on_episode,
+                )
+                break
+            except RolloutError as e:  # every server it had died: start over with the live ones
+                if attempt == self.MAX_ATTEMPTS:
+                    raise
+                log.warning(
+                    "%s: servers failed (%s); running the share again on the live servers (%d/%d)",
+                    task.name,
+                    e,
+                    attempt,
+                    self.MAX_ATTEMPTS,
+                )
+            finally:
+                await client.close()
         gen_s = time.time() - t0
         table = records_to_table([s for t in trajs for s in t.steps])
         if task.teacher:
             teachers = discover_servers(self.rd.root, "teachers")
-            tclient = RolloutClient(servers=teachers, timeout_s=rc.request_timeout_s)
+            tclient = RolloutClient(servers=teachers, timeout_s=rc.request_timeout_s, api_key=self.api_key)
             try:
                 lps = await teacher_logprobs(tclient, trajs)
             finally:

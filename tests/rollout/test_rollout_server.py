@@ -120,6 +120,8 @@ def test_streaming_sse(cluster):
         ({"input_ids": [1], "sampling_params": {"sampling_seed": 2**70}}, "sampling_params.sampling_seed"),
         ({"input_ids": [1], "sampling_params": {"stop_token_ids": [True]}}, "sampling_params.stop_token_ids"),
         ({"input_ids": [1], "rid": 5}, "rid: must be a string"),
+        (b'{"input_ids": [1], "text": "\xff"}', "not UTF-8"),
+        (b'{"input_ids": [1], "sampling_params": {"temperature": 1e400}}', "sampling_params.temperature"),
     ],
 )
 def test_bad_requests_answer_400_and_server_keeps_serving(cluster, body, msg):

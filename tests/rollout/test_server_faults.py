@@ -1,0 +1,178 @@
+"""Faults at the rollout server: one failing request fails alone, clients that hang up free the
+engine, oversized bodies get 413, JSON never carries NaN, and the API key guards every endpoint."""
+
+import json
+import socket
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from rollout_servers import ServerProc, http
+
+from agent_r1.rollout.engine import Engine
+from agent_r1.rollout.server import dumps
+
+POISON = 77  # a token id the sabotaged engine below cannot process
+
+
+@pytest.fixture
+def sabotaged_engine(tiny_model_dir):
+    """A real engine whose batched prefill fails whenever a prompt holds ``POISON``, as an engine bug
+    triggered by one request's content would."""
+    e = Engine(tiny_model_dir, max_running=16, max_len=256, prefill_chunk=512)
+    real = e.sm.prefill_many
+
+    def prefill_many(items):
+        if any(POISON in list(ids) for _, ids, _ in items):
+            raise RuntimeError("kernel failure on this prompt")
+        return real(items)
+
+    e.sm.prefill_many = prefill_many
+    e.start()
+    yield e
+    e.stop()
+
+
+def test_a_request_that_fails_inside_the_engine_fails_alone(sabotaged_engine):
+    e = sabotaged_engine
+    done: dict[str, object] = {}
+    reqs = []
+    for i in range(16):
+        prompt = [5, 6, 7 + i] + ([POISON] if i == 9 else [])
+        reqs += e.make_requests(
+            prompt, {"max_new_tokens": 8, "ignore_eos": True, "temperature": 0}, rid=f"r{i}"
+        )
+    for r in reqs:
+        r.on_update = lambda r, fin: fin and done.__setitem__(r.rid, r.finish)
+    e.submit(reqs)
+    deadline = time.time() + 120
+    while len(done) < 16 and time.time() < deadline:
+        time.sleep(0.05)
+    assert len(done) == 16
+    assert done["r9"]["type"] == "abort" and "kernel failure" in done["r9"]["message"]
+    for i in range(16):
+        if i != 9:
+            assert done[f"r{i}"]["type"] == "length", (i, done[f"r{i}"])
+            assert len(next(r for r in reqs if r.rid == f"r{i}").out_ids) == 8
+    # the engine keeps serving: greedy output equals that of a request run alone
+    (again,) = e.generate_sync([5, 6, 8], {"max_new_tokens": 8, "ignore_eos": True, "temperature": 0})
+    assert again.out_ids == next(r for r in reqs if r.rid == "r1").out_ids
+
+
+@pytest.fixture(scope="module")
+def guarded(tiny_model_dir, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("guarded")
+    s = ServerProc(tiny_model_dir, run_dir, "g0", "--api-key", "s3cret", "--max-body-mb", "1")
+    yield s
+    s.kill()
+
+
+def _call(method, url, body=None, key=None, timeout=60):
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+@pytest.mark.parametrize(
+    "method,path,body",
+    [
+        ("POST", "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}}),
+        ("POST", "/update_weights_from_disk", {"model_path": "/tmp"}),
+        ("POST", "/init_weights_update_group", {"master_address": "10.0.0.1", "master_port": 1}),
+        ("POST", "/update_weights_from_distributed", {"names": []}),
+        ("POST", "/abort_request", {"abort_all": True}),
+        ("POST", "/pause_generation", {}),
+        ("POST", "/flush_cache", None),
+        ("GET", "/get_model_info", None),
+        ("GET", "/health_generate", None),
+    ],
+)
+def test_api_key_is_required_everywhere_but_health(guarded, method, path, body):
+    st, text = _call(method, guarded.url + path, body)
+    assert st == 401 and "API key" in text
+    st, _ = _call(method, guarded.url + path, body, key="wrong")
+    assert st == 401
+    assert _call("GET", guarded.url + "/health")[0] == 200  # liveness stays open
+
+
+def test_api_key_lets_the_right_client_in(guarded):
+    body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}
+    st, text = _call("POST", guarded.url + "/generate", body, key="s3cret")
+    assert st == 200 and len(json.loads(text)["output_ids"]) == 2
+    st, text = _call("GET", guarded.url + "/get_model_info", key="s3cret")
+    assert st == 200 and "weight_version" in json.loads(text)
+
+
+def test_oversized_body_is_refused_with_413_and_the_server_stays_up(guarded):
+    big = json.dumps({"input_ids": [1] * 400_000}).encode()  # ~1.2 MB > --max-body-mb 1
+    assert len(big) > 1 << 20
+    st, _ = _call("POST", guarded.url + "/generate", big, key="s3cret")
+    assert st == 413
+    assert _call("GET", guarded.url + "/health")[0] == 200
+    st, _ = _call(
+        "POST",
+        guarded.url + "/generate",
+        {"input_ids": [3], "sampling_params": {"max_new_tokens": 1}},
+        key="s3cret",
+    )
+    assert st == 200
+
+
+def test_one_bad_request_among_sixteen_concurrent_fails_alone(tiny_model_dir, tmp_path):
+    s = ServerProc(tiny_model_dir, tmp_path, "c0")
+    try:
+        good = {"input_ids": [4, 5, 6], "sampling_params": {"max_new_tokens": 16, "ignore_eos": True}}
+        bodies = [good] * 15 + [{"input_ids": [True, False]}]
+        with ThreadPoolExecutor(16) as ex:
+            answers = list(ex.map(lambda b: http("POST", s.url + "/generate", b, 120), bodies))
+        assert [a[0] for a in answers] == [200] * 15 + [400]
+        assert all(a[1]["meta_info"]["finish_reason"]["type"] == "length" for a in answers[:15])
+        assert "input_ids" in answers[15][1]["error"]["message"]
+    finally:
+        s.kill()
+
+
+def test_a_non_streaming_client_that_hangs_up_frees_the_engine(tiny_model_dir, tmp_path):
+    s = ServerProc(tiny_model_dir, tmp_path, "d0")
+    try:
+        u = urllib.parse.urlparse(s.url)
+        body = json.dumps(
+            {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
+        ).encode()
+        sock = socket.create_connection((u.hostname, u.port))
+        sock.sendall(
+            b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        deadline = time.time() + 30
+        while http("GET", s.url + "/v1/loads")[1]["loads"][0]["num_running_reqs"] == 0:
+            assert time.time() < deadline, "the request never started"
+            time.sleep(0.02)
+        sock.close()  # hang up mid-generation
+        t0 = time.time()
+        while http("GET", s.url + "/v1/loads")[1]["loads"][0]["num_running_reqs"]:
+            assert time.time() - t0 < 5, "the engine kept generating for a client that left"
+            time.sleep(0.05)
+        info = http("GET", s.url + "/get_server_info")[1]["internal_states"][0]
+        assert info["generated_tokens"] < 990  # aborted, not run to its 1000 tokens
+    finally:
+        s.kill()
+
+
+def test_json_never_carries_nan():
+    text = dumps({"logprobs": [[float("nan"), 3, None], [float("-inf"), 4, None], [-0.5, 5, None]]})
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {"logprobs": [[None, 3, None], [None, 4, None], [-0.5, 5, None]]}
+    assert dumps({"a": 1.5}) == json.dumps({"a": 1.5})
