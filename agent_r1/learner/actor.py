@@ -18,6 +18,14 @@ from typing import Any
 import torch
 
 from agent_r1.algos.losses import LossConfig, LossInputs, loss_config, policy_loss
+from agent_r1.learner.checkpoint_files import (
+    CheckpointError,
+    first_nonfinite,
+    no_space,
+    no_space_error,
+    verify_checksums,
+    write_checksums,
+)
 from agent_r1.learner.device import learner_device
 from agent_r1.learner.optim import OptimConfig
 from agent_r1.learner.packing import Packed
@@ -282,12 +290,24 @@ class Actor:
         self, path: str | Path, trainer_state: dict[str, Any] | None = None, with_optimizer: bool = True
     ) -> None:
         """dist_checkpointing (torch_dist) of the model (+ optimizer, DP-reshardable), trainer state
-        beside it; written to ``path.tmp`` and renamed, so a crash never leaves a half checkpoint."""
+        beside it, a checksum per file; written to ``path.tmp`` and renamed, so a crash never leaves
+        a half checkpoint. A full disk is reported as such (and the partial write removed)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            self._save(path, tmp, trainer_state, with_optimizer)
+        except Exception as e:
+            if not no_space(e):
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise no_space_error(tmp, e) from e
+
+    def _save(
+        self, path: Path, tmp: Path, trainer_state: dict[str, Any] | None, with_optimizer: bool
+    ) -> None:
         import torch.distributed as dist
         from megatron.core import dist_checkpointing
 
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
         if dist.get_rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
@@ -310,6 +330,7 @@ class Actor:
                 "trainer": trainer_state or {},
             }
             (tmp / "agent_r1_state.json").write_text(json.dumps(meta, indent=1))
+            write_checksums(tmp)
             if path.exists():
                 shutil.rmtree(path)
             os.replace(tmp, path)
@@ -329,9 +350,19 @@ class Actor:
     def load(self, path: str | Path, with_optimizer: bool | None = None) -> dict[str, Any]:
         """Load a checkpoint, resharding the model to this run's TP/PP. The optimizer state is loaded
         when the layout matches (DP-reshardable only), else the optimizer starts fresh."""
+        import torch.distributed as dist
         from megatron.core import dist_checkpointing
 
         path = Path(path)
+        box = [None]
+        if dist.get_rank() == 0:  # one rank reads every byte; the verdict goes to all
+            try:
+                verify_checksums(path)
+            except CheckpointError as e:
+                box[0] = str(e)
+        dist.broadcast_object_list(box, src=0)
+        if box[0]:
+            raise CheckpointError(box[0])
         meta = json.loads((path / "agent_r1_state.json").read_text())
         same_layout = meta["tp"] == self.bridge.tp and meta["pp"] == self.bridge.pp
         want_opt = (
@@ -348,6 +379,13 @@ class Actor:
             )
         loaded = dist_checkpointing.load(state, str(path))
         self.module.load_state_dict(loaded["model"])
+        bad = [None] * dist.get_world_size()
+        dist.all_gather_object(bad, first_nonfinite(self.module.named_parameters()))
+        if any(bad):
+            rank = next(r for r, b in enumerate(bad) if b)
+            raise CheckpointError(
+                f"checkpoint {path}: parameter {bad[rank]} (learner rank {rank}) is not finite after loading"
+            )
         if want_opt:
             with torch.no_grad():  # fp32: main params are views of the model params
                 self.optimizer.load_state_dict(loaded["optimizer"])

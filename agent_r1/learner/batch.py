@@ -32,6 +32,34 @@ from agent_r1.learner.packing import Packed, first_fit_decreasing
 from agent_r1.learner.step_inputs import to_step_inputs
 from agent_r1.records.synth import ragged_arange
 
+NUMERIC_COLUMNS = ("action_logprobs", "reward", "teacher_logprobs")  # what a non-finite value poisons
+
+
+def drop_nonfinite(table: pa.Table) -> tuple[pa.Table, int]:
+    """The table without every trajectory that has a NaN / infinite logprob or reward in any step
+    (a broken server or corrupted weights produce them; training on them would spread NaN into
+    the weights), and how many trajectories were dropped."""
+    bad = None
+    for name in NUMERIC_COLUMNS:
+        if name not in table.column_names:
+            continue
+        col = table.column(name)
+        if pa.types.is_list(col.type):
+            flat = pc.list_flatten(col)
+            rows = pc.list_parent_indices(col)
+            flat_bad = pc.invert(pc.is_finite(flat))
+            row_bad = np.zeros(table.num_rows, dtype=bool)
+            row_bad[np.asarray(rows)[np.asarray(flat_bad.fill_null(False))]] = True
+        else:
+            row_bad = ~np.asarray(pc.is_finite(col).fill_null(True))
+        bad = row_bad if bad is None else bad | row_bad
+    if bad is None or not bad.any():
+        return table, 0
+    trajs = table.column("trajectory_id")
+    bad_ids = pc.unique(pc.filter(trajs, pa.array(bad)))
+    keep = pc.invert(pc.is_in(trajs, value_set=bad_ids))
+    return table.filter(keep), len(bad_ids)
+
 
 def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """concat(arange(s, s + n) for s, n in zip(starts, lengths))."""

@@ -54,14 +54,22 @@ def checkpoint_path(rd: RunDir, iteration: int) -> Path:
     return iteration_dir(rd.checkpoints, iteration)
 
 
-def find_checkpoint(rd: RunDir, resume: str) -> Path | None:
-    """The newest complete checkpoint (``resume=auto``), an explicit one, or none (``never``)."""
+def checkpoint_candidates(rd: RunDir, resume: str) -> list[Path]:
+    """What to resume from, in order of preference: every complete checkpoint newest first
+    (``resume=auto``: an unusable one falls back to the one before), an explicit one, or none."""
     if resume == "never":
-        return None
+        return []
     if resume != "auto":
-        return Path(resume)
+        return [Path(resume)]
     done = [p for p in iteration_dirs(rd.checkpoints).values() if (p / "agent_r1_state.json").exists()]
-    return done[-1] if done else None
+    return done[::-1]
+
+
+def remove_partial_checkpoints(rd: RunDir) -> None:
+    """``iter_N.tmp`` folders of a save that was interrupted (never complete, never loaded)."""
+    for p in rd.checkpoints.glob("*.tmp"):
+        log.warning("removing the interrupted checkpoint %s", p)
+        shutil.rmtree(p, ignore_errors=True)
 
 
 class StallWatch:
@@ -208,11 +216,15 @@ class Coordinator:
             if i > iteration + 1:
                 shutil.rmtree(d, ignore_errors=True)
         if self.rd.ledger.exists():
-            keep = [
-                line
-                for line in self.rd.ledger.read_text().splitlines()
-                if line.strip() and json.loads(line)["iteration"] <= iteration
-            ]
+            keep = []
+            for line in self.rd.ledger.read_text().splitlines():
+                try:
+                    entry = json.loads(line) if line.strip() else None
+                except ValueError:  # a line torn by a kill mid-write: that update is redone
+                    log.warning("ledger: dropping the torn line %r", line[:80])
+                    continue
+                if entry is not None and entry["iteration"] <= iteration:
+                    keep.append(line)
             self.rd.ledger.write_text("".join(line + "\n" for line in keep))
 
     def record_consumed(self, iteration: int, version: int) -> None:

@@ -25,7 +25,7 @@ from agent_r1.algos.advantages import ADVANTAGES, compute_advantages
 from agent_r1.algos.losses import loss_config, resolved_agg
 from agent_r1.algos.reduce import TorchReducer
 from agent_r1.learner.actor import Actor, PolicyTargets
-from agent_r1.learner.batch import LearnerBatch
+from agent_r1.learner.batch import LearnerBatch, drop_nonfinite
 from agent_r1.learner.critic import Critic
 from agent_r1.learner.device import all_reduce_scalar, collective_device
 from agent_r1.records.reader import RecordStore
@@ -63,6 +63,7 @@ class Learner:
             if cfg.algorithm.reference
             else None
         )
+        self.dropped = 0  # trajectories of the last read with non-finite logprobs or rewards
 
     # ---- data-parallel layout -------------------------------------------------------------------
     @property
@@ -77,7 +78,20 @@ class Learner:
 
         ps = self.ps
         rank, world = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
-        return RecordStore(records_dir).read(iteration, rank, world, by="group")
+        table = RecordStore(records_dir).read(iteration, rank, world, by="group")
+        table, self.dropped = drop_nonfinite(table)
+        if self.dropped:
+            log.warning(
+                "iteration %d: %d trajectories with non-finite logprobs or rewards are not trained on",
+                iteration,
+                self.dropped,
+            )
+            if table.num_rows == 0:
+                raise RuntimeError(
+                    f"every record of iteration {iteration} in {records_dir} (data-parallel rank "
+                    f"{rank}) has non-finite logprobs or rewards: the rollout servers' weights are broken"
+                )
+        return table
 
     def batch(self, table: pa.Table) -> LearnerBatch:
         """The iteration's records as the flat batch the update indexes into."""
@@ -184,6 +198,7 @@ class Learner:
         if self.last_stage:
             metrics.update(_rollout_metrics(b, old, version))
         metrics["train/optimizer_steps"] = float(len(step_metrics))
+        metrics["data/nonfinite_trajectories"] = all_reduce_scalar(self.dropped, "sum", self.dp_group)
         metrics["train/tokens"] = float(b.num_stream_tokens)
         return self._from_last_stage(metrics)
 

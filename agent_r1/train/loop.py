@@ -22,12 +22,18 @@ import torch.distributed as dist
 
 from agent_r1.agent.chat import ChatCodec
 from agent_r1.agent.flow import FlowConfig
+from agent_r1.learner.checkpoint_files import CheckpointError, first_nonfinite
 from agent_r1.learner.cpu_compat import apply
 from agent_r1.learner.device import all_reduce_scalar
 from agent_r1.records.schema import records_to_table
 from agent_r1.records.shard import finalize_iteration, iteration_dirs, write_shard
 from agent_r1.train.config import TrainConfig
-from agent_r1.train.coordinator import Coordinator, checkpoint_path, find_checkpoint
+from agent_r1.train.coordinator import (
+    Coordinator,
+    checkpoint_candidates,
+    checkpoint_path,
+    remove_partial_checkpoints,
+)
 from agent_r1.train.learner import Learner
 from agent_r1.train.metrics import Reporter, console_line, rollout_scalars, sample_text
 from agent_r1.train.run_dir import RunDir, atomic_write_json
@@ -93,9 +99,23 @@ class Trainer:
 
     # ---- phases ----------------------------------------------------------------------------------
     def resume(self) -> None:
-        ckpt = find_checkpoint(self.rd, self.cfg.trainer.resume)
-        if ckpt is not None:
-            self.state.update(self.learner.load(ckpt))
+        """Load the newest usable checkpoint: one that fails its checksums or holds non-finite
+        weights is renamed ``*.corrupt`` (kept for inspection) and the previous one is used."""
+        if self.rank == 0:
+            remove_partial_checkpoints(self.rd)
+        dist.barrier()
+        for ckpt in checkpoint_candidates(self.rd, self.cfg.trainer.resume):
+            try:
+                self.state.update(self.learner.load(ckpt))
+            except CheckpointError as e:
+                if self.cfg.trainer.resume != "auto":
+                    raise
+                log.error("%s; falling back to the previous checkpoint", e)
+                dist.barrier()
+                if self.rank == 0:
+                    ckpt.rename(ckpt.with_name(ckpt.name + ".corrupt"))
+                dist.barrier()
+                continue
             self.wall_before = self.state["wall_seconds"]
             log.info(
                 "resumed from %s (iteration %d, version %d)",
@@ -103,6 +123,7 @@ class Trainer:
                 self.state["iteration"],
                 self.state["version"],
             )
+            break
         if self.coord is not None:
             self.coord.prepare_resume(self.state["iteration"])
         self.reporter = Reporter(
@@ -173,6 +194,12 @@ class Trainer:
         named = self.learner.gather_hf_weights()
         seconds = 0.0
         if self.coord is not None:
+            bad = first_nonfinite(named.items())
+            if bad is not None:  # never hand servers weights that make every logprob NaN
+                raise FloatingPointError(
+                    f"weight {bad} of policy version {self.state['version']} is not finite: not pushed "
+                    f"(the last good weights are in {self.rd.checkpoints}; lower optim.lr or check the data)"
+                )
             seconds = self.coord.push(named, self.state["version"])
         dist.barrier()
         return seconds

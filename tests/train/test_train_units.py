@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_r1.train.coordinator import find_checkpoint, prompt_indices
+from agent_r1.train.coordinator import checkpoint_candidates, prompt_indices, remove_partial_checkpoints
 from agent_r1.train.run_dir import RunDir
 from agent_r1.train.tasks import RolloutTask, acknowledge, forget_tasks_after, pending_tasks, write_task
 
@@ -47,16 +47,20 @@ def test_pending_acknowledge_forget(tmp_path: Path):
     assert names == ["train_000001.json", "train_000001.w0.done"]
 
 
-def test_find_checkpoint_skips_incomplete(tmp_path: Path):
+def test_checkpoint_candidates_newest_complete_first_and_partial_ones_removed(tmp_path: Path):
     rd = RunDir.at(tmp_path).create()
-    assert find_checkpoint(rd, "auto") is None
+    assert checkpoint_candidates(rd, "auto") == []
     for i in (1, 3):
         (rd.checkpoints / f"iter_{i:06d}").mkdir()
         (rd.checkpoints / f"iter_{i:06d}" / "agent_r1_state.json").write_text("{}")
     (rd.checkpoints / "iter_000005.tmp").mkdir()  # a save that died
     (rd.checkpoints / "iter_000004").mkdir()  # no state file: incomplete
-    assert find_checkpoint(rd, "auto").name == "iter_000003"
-    assert find_checkpoint(rd, "never") is None
+    (rd.checkpoints / "iter_000006.corrupt").mkdir()  # refused by an earlier resume
+    assert [p.name for p in checkpoint_candidates(rd, "auto")] == ["iter_000003", "iter_000001"]
+    assert checkpoint_candidates(rd, "never") == []
+    assert checkpoint_candidates(rd, "/x/iter_000002") == [Path("/x/iter_000002")]
+    remove_partial_checkpoints(rd)
+    assert not (rd.checkpoints / "iter_000005.tmp").exists() and (rd.checkpoints / "iter_000003").exists()
 
 
 def test_noisy_demonstrator_replayed_through_the_agent_flow(codec):
