@@ -210,7 +210,7 @@ def _train(a: argparse.Namespace) -> int:
 
     try:
         return train_local(cfg)
-    except RunDirBusy as e:
+    except (RunDirBusy, ConfigError) as e:
         print(f"agent-r1 train: {e}", file=sys.stderr)
         return 2
 

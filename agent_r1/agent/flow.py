@@ -49,6 +49,11 @@ class AgentFlow:
     async def run(self, row: DataRow, trajectory_id: str, group_id: str) -> Trajectory:
         raise NotImplementedError
 
+    async def first_observation(self, row: DataRow) -> list[int]:
+        """The token ids of the row's first observation, built as ``run`` builds it (pre-flight
+        checks use it: a bad env option or prompt fails here, before any rollout)."""
+        raise NotImplementedError
+
     # ---- helpers shared by flows -----------------------------------------------------------------
     def obs_ids(self, obs: Observation, tools: list[dict[str, Any]] | None = None) -> list[int]:
         if obs.token_ids is not None:
@@ -115,11 +120,26 @@ class AgentEnvLoop(AgentFlow):
         super().__init__(generate, codec, config)
         self.env_name, self.env_kwargs = env, env_kwargs
 
-    async def run(self, row: DataRow, trajectory_id: str, group_id: str) -> Trajectory:
+    async def _start(self, row: DataRow) -> tuple[Any, Observation]:
+        """The row's environment (defaults + the row's options) and its first observation."""
         env = make_env(self.env_name, self.codec, **{**self.env_kwargs, **row.env_kwargs})
+        try:
+            return env, env.reset(prompt=row.prompt, reward_model=row.reward_model, extra_info=row.extra_info)
+        except BaseException:
+            await env.close()
+            raise
+
+    async def first_observation(self, row: DataRow) -> list[int]:
+        env, obs = await self._start(row)
+        try:
+            return self.obs_ids(obs, env.tool_schemas)
+        finally:
+            await env.close()
+
+    async def run(self, row: DataRow, trajectory_id: str, group_id: str) -> Trajectory:
+        env, obs = await self._start(row)
         traj = Trajectory(trajectory_id, group_id)
         try:
-            obs = env.reset(prompt=row.prompt, reward_model=row.reward_model, extra_info=row.extra_info)
             prev: list[int] = []
             action = None
             for t in range(self.config.max_steps):
@@ -168,8 +188,11 @@ class AgentEnvLoop(AgentFlow):
 class SingleStepFlow(AgentFlow):
     """One prompt, one response, scored by the row's reward model."""
 
+    async def first_observation(self, row: DataRow) -> list[int]:
+        return self.codec.encode_chat(row.prompt)
+
     async def run(self, row: DataRow, trajectory_id: str, group_id: str) -> Trajectory:
-        ids = self.codec.encode_chat(row.prompt)
+        ids = await self.first_observation(row)
         traj = Trajectory(trajectory_id, group_id)
         if len(ids) > self.config.max_obs_tokens:
             traj.metrics["obs_over_budget"] = 1.0

@@ -35,6 +35,7 @@ def _check(cond: bool, key: str, msg: str) -> None:
 class TinyModelConfig:
     """How to build the model when ``model.path`` does not exist yet (quickstart)."""
 
+    at: str = "artifacts/tiny-qwen3"  # the only folder it is built in: another missing path is an error
     recipe: str = "arithmetic_tool"  # whose text trains the tokenizer
     arch: str = "qwen3"
     vocab_size: int = 1024

@@ -32,22 +32,28 @@ def default_run_dir(cfg: TrainConfig) -> Path:
     return Path(cfg.trainer.run_dir or Path("runs") / cfg.trainer.name)
 
 
-def prepare_run(cfg: TrainConfig) -> RunDir:
-    """Create the run directory, write the resolved config, build a tiny model if asked to."""
-    rd = RunDir.at(default_run_dir(cfg)).create()
+def prepare_run(cfg: TrainConfig, local: bool = True) -> RunDir:
+    """Check what can be checked before any process (``preflight``), create the run directory,
+    build the preset's tiny model if asked to, check the data rows, write the resolved config."""
     from agent_r1.records.shard import iteration_dir
+    from agent_r1.train.preflight import data_problems, model_problems, raise_problems
 
+    raise_problems(model_problems(cfg, local))
+    rd = RunDir.at(default_run_dir(cfg)).create()
     if cfg.trainer.resume == "never" and iteration_dir(rd.records, 0).exists():
         raise SystemExit(
             f"{rd.root} already has records and trainer.resume=never: choose another trainer.run_dir"
         )
+    ensure_model(cfg)
+    raise_problems(data_problems(cfg))
     rd.config.write_text(to_yaml(cfg))
     rd.stop_flag.unlink(missing_ok=True)
-    ensure_model(cfg)
     return rd
 
 
 def ensure_model(cfg: TrainConfig) -> None:
+    """Build the preset's tiny model at ``model.build.at`` when it is missing (pre-flight has
+    refused any other missing ``model.path``)."""
     path = Path(cfg.model.path)
     if (path / "config.json").exists():
         return

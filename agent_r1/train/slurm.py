@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent_r1.train.config import ConfigError, TrainConfig, load_config, to_yaml
+from agent_r1.train.config import ConfigError, TrainConfig, load_config
 from agent_r1.train.run_dir import RunDir, RunLock
 
 SLURM_DIR = Path(__file__).resolve().parents[2] / "slurm"
@@ -201,7 +201,7 @@ def sbatch(script: Path) -> str:
 
 def launch(overrides: list[str], dry_run: bool = False) -> dict[str, Any]:
     """``agent-r1 launch``: validate, prepare the run directory, render, submit."""
-    from agent_r1.train.launcher import default_run_dir, ensure_model
+    from agent_r1.train.launcher import default_run_dir, prepare_run
 
     cfg = load_config(overrides)
     if cfg.cluster.launcher != "slurm":
@@ -214,8 +214,7 @@ def launch(overrides: list[str], dry_run: bool = False) -> dict[str, Any]:
         return {"script": script, "run_dir": str(rd.root)}
     rd.create()
     RunLock(rd).acquire("agent-r1 launch").release()  # refuses while a job of this run is training
-    ensure_model(cfg)
-    rd.config.write_text(to_yaml(cfg))
+    prepare_run(cfg, local=False)  # the compute nodes, not this login node, have the GPUs
     rd.new_api_key()  # the job's servers require it; its workers and learners read it
     path = rd.root / "job.sbatch"
     path.write_text(script)

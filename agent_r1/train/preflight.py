@@ -1,0 +1,175 @@
+"""Pre-flight: everything about a run that can be known before any process starts.
+
+Config keys check their own values when the config is built (``config.py``); what depends on the
+model, the hardware or the data is checked here, once, by the launcher: the layout against the
+model's layers and heads, the precision against this machine, the context length against the
+prompts, and every data row (agent, environment options, reward style) as the rollout would use
+it. All problems are reported together, each naming its key, file or row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from agent_r1.train.config import ConfigError, TrainConfig
+
+log = logging.getLogger("agent_r1.preflight")
+
+ROWS_CHECKED = 5000  # per split: enough to catch a bad generator or file without reading a corpus twice
+
+
+def model_dims(cfg: TrainConfig) -> dict[str, int] | None:
+    """Layers, heads, KV heads and FFN width of the model the run will use (its ``config.json``, or
+    the tiny model the preset builds); None when there is no model to read."""
+    path = Path(cfg.model.path)
+    if (path / "config.json").exists():
+        hf = json.loads((path / "config.json").read_text())
+        heads = hf.get("num_attention_heads", 0)
+        return {
+            "layers": hf.get("num_hidden_layers", 0),
+            "heads": heads,
+            "kv_heads": hf.get("num_key_value_heads") or heads,
+            "ffn": hf.get("intermediate_size", 0),
+            "positions": hf.get("max_position_embeddings", 0),
+        }
+    b = cfg.model.build
+    if b is None:
+        return None
+    return {"layers": b.layers, "heads": b.heads, "kv_heads": b.kv_heads, "ffn": 0, "positions": 0}
+
+
+def model_problems(cfg: TrainConfig, local: bool = True) -> list[str]:
+    """The model path, the parallel layout against the model, the precision against this machine
+    (``local``: the run's processes start here; a Slurm login node is not the compute nodes)."""
+    out: list[str] = []
+    m, par = cfg.model, cfg.parallel
+    path = Path(m.path)
+    if not (path / "config.json").exists():
+        if m.build is None:
+            out.append(f"model.path: {path} has no config.json (not a HuggingFace model folder: a typo?)")
+        elif path.resolve() != Path(m.build.at).resolve():
+            out.append(
+                f"model.path: {path} does not exist, and the preset builds its tiny model only at "
+                f"model.build.at={m.build.at}: fix the path, or set model.build.at={path} to build there"
+            )
+    dims = model_dims(cfg)
+    if dims:
+        if par.pp > 1 and dims["layers"] % par.pp:
+            out.append(
+                f"parallel.pp={par.pp}: the model's {dims['layers']} layers do not split evenly into "
+                f"{par.pp} pipeline stages"
+            )
+        for key, what in (
+            ("heads", "attention heads"),
+            ("kv_heads", "key-value heads"),
+            ("ffn", "FFN width"),
+        ):
+            if dims[key] and dims[key] % par.tp:
+                out.append(f"parallel.tp={par.tp} does not divide the model's {dims[key]} {what}")
+        if dims["positions"] and m.max_len > dims["positions"]:
+            out.append(
+                f"model.max_len={m.max_len} exceeds the model's max_position_embeddings={dims['positions']}"
+            )
+    r = cfg.rollout
+    if r.max_obs_tokens >= m.max_len:
+        out.append(
+            f"rollout.max_obs_tokens={r.max_obs_tokens} must be below model.max_len={m.max_len} (the "
+            "servers refuse prompts that leave no room to generate)"
+        )
+    if local:
+        import torch
+
+        if m.precision == "fp8" and not (
+            torch.cuda.is_available() and importlib.util.find_spec("transformer_engine")
+        ):
+            out.append(
+                "model.precision=fp8 needs NVIDIA GPUs with Transformer Engine; this machine has "
+                f"{'no CUDA device' if not torch.cuda.is_available() else 'no transformer_engine'}"
+            )
+    return out
+
+
+def data_problems(cfg: TrainConfig) -> list[str]:
+    """Every data row of both splits (up to ``ROWS_CHECKED``) as the rollout would use it: its
+    agent, its environment built with its options and reset, its reward style and ground truth,
+    and its first observation against the token budget. Needs the model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from agent_r1.agent.chat import ChatCodec
+    from agent_r1.agent.flow import FlowConfig
+    from recipes import load_all, load_recipe
+
+    load_all()
+    r = cfg.recipe
+    recipe = load_recipe(r.name)
+    codec = ChatCodec(AutoTokenizer.from_pretrained(cfg.model.path))
+    flow_cfg = FlowConfig(
+        max_steps=cfg.rollout.max_steps,
+        max_obs_tokens=cfg.rollout.max_obs_tokens,
+        max_action_tokens=cfg.rollout.max_action_tokens,
+    )
+    out: list[str] = []
+    for split, num in (("train", r.train_size), ("test", r.test_size)):
+        try:
+            rows = recipe.build_rows(split=split, num=min(num, ROWS_CHECKED), seed=r.seed, **r.options)
+        except (TypeError, ValueError, KeyError, OSError) as e:
+            out.append(
+                f"recipe {r.name} ({split} split, recipe.options={r.options}): {type(e).__name__}: {e}"
+            )
+            continue
+        out += asyncio.run(_check_rows(rows, split, codec, flow_cfg))
+    return out
+
+
+async def _check_rows(rows: list[Any], split: str, codec: Any, flow_cfg: Any) -> list[str]:
+    from agent_r1.agent.flow import AGENTS
+    from agent_r1.rewards import REWARDS, compute_reward
+
+    out: list[str] = []
+    over = 0
+    for i, row in enumerate(rows):
+        where = f"{split} row {i}"
+        if row.agent_name not in AGENTS:
+            out.append(f"{where}: agent_name {row.agent_name!r} is not a registered agent {AGENTS.names()}")
+            continue
+        style = row.reward_model.get("style")
+        if style not in REWARDS:
+            out.append(f"{where}: reward_model.style {style!r} is not a registered reward {REWARDS.names()}")
+        else:
+            try:
+                compute_reward(row.reward_model, "")
+            except (TypeError, ValueError, KeyError) as e:
+                out.append(f"{where}: reward_model {row.reward_model}: {type(e).__name__}: {e}")
+        try:
+            ids = await AGENTS.get(row.agent_name).build(None, codec, flow_cfg).first_observation(row)
+        except (TypeError, ValueError, KeyError) as e:
+            out.append(f"{where}: env_kwargs {row.env_kwargs}: {type(e).__name__}: {e}")
+            continue
+        over += len(ids) > flow_cfg.max_obs_tokens
+        if len(out) >= 10:
+            out.append("(further rows not checked)")
+            return out
+    if rows and over == len(rows):
+        out.append(
+            f"{split} split: every first observation is longer than rollout.max_obs_tokens="
+            f"{flow_cfg.max_obs_tokens}: nothing could be generated (raise it, and model.max_len)"
+        )
+    elif over:
+        log.warning(
+            "%s split: %d of %d first observations exceed rollout.max_obs_tokens=%d and will end at once",
+            split,
+            over,
+            len(rows),
+            flow_cfg.max_obs_tokens,
+        )
+    return out
+
+
+def raise_problems(problems: list[str]) -> None:
+    if problems:
+        raise ConfigError("the run cannot start:\n  - " + "\n  - ".join(problems))

@@ -1,0 +1,124 @@
+"""Pre-flight: impossible layouts, hardware the machine lacks, a mistyped model path and bad data
+rows are refused when the run starts, before any process, each naming its key or row."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agent_r1.agent.flow import FlowConfig
+from agent_r1.data.rows import DataRow
+from agent_r1.train.config import load_config
+from agent_r1.train.preflight import _check_rows, model_problems
+
+
+def _train(*args: str) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.time()
+    r = subprocess.run(
+        [sys.executable, "-m", "agent_r1.cli", "train", "+experiment=quickstart", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return r, time.time() - t0
+
+
+@pytest.mark.parametrize(
+    "overrides,msg",
+    [
+        (["parallel.pp=2", "parallel.learner_ranks=2", "model.max_len=2048"], None),  # possible: no problem
+        (["parallel.pp=4", "parallel.learner_ranks=4"], "parallel.pp=4: the model's 2 layers"),
+        (
+            ["parallel.tp=3", "parallel.learner_ranks=3"],
+            "parallel.tp=3 does not divide the model's 4 attention heads",
+        ),
+        (
+            ["parallel.tp=4", "parallel.learner_ranks=4"],
+            "parallel.tp=4 does not divide the model's 2 key-value heads",
+        ),
+        (["model.precision=fp8"], "model.precision=fp8 needs NVIDIA GPUs"),
+        (["model.max_len=16"], "rollout.max_obs_tokens=512 must be below model.max_len=16"),
+    ],
+)
+def test_model_and_layout_problems(tiny_model_dir, overrides, msg):
+    cfg = load_config(
+        ["+experiment=quickstart", f"model.path={tiny_model_dir}", "model.build=null", *overrides]
+    )
+    problems = model_problems(cfg)
+    if msg is None:
+        assert problems == []
+    else:
+        assert any(msg in p for p in problems), problems
+
+
+def test_impossible_run_is_refused_before_any_process(tiny_model_dir, tmp_path):
+    run = tmp_path / "bad"
+    r, seconds = _train(
+        f"model.path={tiny_model_dir}",
+        "model.build=null",
+        f"trainer.run_dir={run}",
+        "parallel.pp=4",
+        "parallel.learner_ranks=4",
+        "model.max_len=16",
+    )
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "the run cannot start" in r.stderr
+    assert "parallel.pp=4" in r.stderr and "model.max_len=16" in r.stderr  # all problems at once
+    assert seconds < 60
+    assert not list((run / "control" / "roles").glob("*.json"))  # no role was started
+
+
+def test_mistyped_model_path_is_not_built_silently(tmp_path):
+    typo = tmp_path / "tiny-qwen3-typo"
+    r, _ = _train(f"model.path={typo}", f"trainer.run_dir={tmp_path / 'run'}")
+    assert r.returncode == 2
+    assert f"model.path: {typo} does not exist" in r.stderr and "model.build.at" in r.stderr
+    assert not typo.exists()
+
+
+def _row(**kw) -> DataRow:
+    base = dict(
+        prompt=[{"role": "user", "content": "What is 2 + 3?"}],
+        agent_name="tool_agent",
+        reward_model={"style": "math_number", "ground_truth": "5"},
+        data_source="hand",
+        env_kwargs={"tools": ["calculator"]},
+    )
+    return DataRow(**{**base, **kw})
+
+
+def test_bad_data_rows_are_named(codec):
+    rows = [
+        _row(),
+        _row(env_kwargs={"tools": ["calculator"], "max_stepz": 3}),
+        _row(env_kwargs={"tools": ["calculator"], "max_steps": 0}),
+        _row(env_kwargs={"tools": ["abacus"]}),
+        _row(reward_model={"style": "math_numbr", "ground_truth": "5"}),
+        _row(reward_model={"style": "math_number", "ground_truth": "five"}),
+        _row(reward_model={"style": "math_number", "ground_truth": "5", "colour": "red"}),
+        _row(agent_name="tool_agnt"),
+    ]
+    flow = FlowConfig(max_steps=3, max_obs_tokens=512, max_action_tokens=32)
+    problems = asyncio.run(_check_rows(rows, "train", codec, flow))
+    text = "\n".join(problems)
+    assert not any(p.startswith("train row 0:") for p in problems)
+    for i, what in [
+        (1, "max_stepz"),
+        (2, "max_steps must be >= 1"),
+        (3, "abacus"),
+        (4, "'math_numbr' is not a registered reward"),
+        (5, "'five' is not a number"),
+        (6, "colour"),
+        (7, "'tool_agnt' is not a registered agent"),
+    ]:
+        assert any(p.startswith(f"train row {i}:") and what in p for p in problems), (i, text)
+
+
+def test_prompts_longer_than_the_budget_are_refused(codec):
+    flow = FlowConfig(max_steps=3, max_obs_tokens=8, max_action_tokens=4)
+    problems = asyncio.run(_check_rows([_row(), _row()], "test", codec, flow))
+    assert any("every first observation is longer than rollout.max_obs_tokens=8" in p for p in problems)
