@@ -173,6 +173,7 @@ def _serve(a: argparse.Namespace) -> int:
         weight_ipc=a.weight_ipc,
         api_key=_api_key(a),
         max_body_mb=a.max_body_mb,
+        strict=a.strict,
     )
     return 0
 
@@ -329,6 +330,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sv.add_argument("--api-key-file", help="read the API key from this file (keeps it out of `ps`)")
     sv.add_argument("--max-body-mb", type=int, default=256, help="larger request bodies are refused with 413")
+    sv.add_argument(
+        "--strict",
+        action="store_true",
+        help="serve only the endpoints upstream SGLang serves (404 for the rest): what the trainer uses",
+    )
     sv.set_defaults(fn=_serve)
 
     tr = sub.add_parser(

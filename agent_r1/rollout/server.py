@@ -34,6 +34,33 @@ DTYPES = {
 }
 
 
+# what upstream SGLang 0.5.x serves of this server's routes; `--strict` serves only these (the rest
+# answer 404), so code that works against a strict server works against real SGLang
+UPSTREAM_ENDPOINTS = frozenset(
+    {
+        "/generate",
+        "/health",
+        "/health_generate",
+        "/get_server_info",
+        "/server_info",
+        "/get_model_info",
+        "/model_info",
+        "/v1/loads",
+        "/flush_cache",
+        "/abort_request",
+        "/pause_generation",
+        "/continue_generation",
+        "/update_weights_from_disk",
+        "/init_weights_update_group",
+        "/destroy_weights_update_group",
+        "/update_weights_from_distributed",
+        "/update_weights_from_tensor",
+        "/update_weight_version",
+        "/get_weights_by_name",
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+    }
+)
 PARSE_OFF_LOOP_BYTES = 1 << 20  # larger bodies are parsed in a thread: /health stays responsive
 OPEN_PATHS = frozenset({"/health"})  # answered without the API key (liveness probes)
 
@@ -83,6 +110,16 @@ async def read_json_body(request: web.Request) -> Any:
         raise BadRequest(f"request body is not JSON: {e}") from None
     except RecursionError:
         raise BadRequest("request body is nested too deeply") from None
+
+
+@web.middleware
+async def _log_not_found(request: web.Request, handler):
+    """Strict mode: a call to something upstream SGLang lacks is logged (tests look for it)."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        log.warning("strict: 404 for %s %s (not an upstream SGLang endpoint)", request.method, request.path)
+        raise
 
 
 def api_key_middleware(key: str):
@@ -165,13 +202,17 @@ class Server:
         weight_ipc: bool = False,
         api_key: str | None = None,
         max_body_mb: int = 256,
+        strict: bool = False,
     ):
+        """``strict``: serve only what upstream SGLang serves (``UPSTREAM_ENDPOINTS``)."""
         self.engine, self.host, self.port = engine, host, port
         self.weight_ipc = (
             weight_ipc  # /update_weights_from_tensor unpickles its body: colocated trainers only
         )
         self.weights = WeightReceiver()
         middlewares = [api_key_middleware(api_key)] if api_key else []
+        if strict:
+            middlewares.append(_log_not_found)
         self.app = web.Application(client_max_size=max_body_mb << 20, middlewares=middlewares)
         r = self.app.router
         r.add_route("*", "/generate", self.generate)
@@ -192,10 +233,11 @@ class Server:
         r.add_post("/update_weights_from_distributed", self.update_from_distributed)
         r.add_post("/update_weights_from_tensor", self.update_from_tensor)
         r.add_post("/update_weight_version", self.update_version)
-        r.add_get("/get_weight_version", self.get_version)
         r.add_post("/get_weights_by_name", self.weights_by_name)
         r.add_post("/release_memory_occupation", self.noop)
         r.add_post("/resume_memory_occupation", self.noop)
+        if not strict:  # the embedded server's own additions
+            r.add_get("/get_weight_version", self.get_version)
 
     # ---- generate --------------------------------------------------------------------------------
     def _prompts(self, body: dict[str, Any]) -> list[list[int]]:
@@ -565,8 +607,11 @@ def serve(
     weight_ipc = bool(engine_kw.pop("weight_ipc", False))
     api_key = engine_kw.pop("api_key", None)
     max_body_mb = int(engine_kw.pop("max_body_mb", 256))
+    strict = bool(engine_kw.pop("strict", False))
     engine = Engine(model, **engine_kw)
-    server = Server(engine, host, port, weight_ipc=weight_ipc, api_key=api_key, max_body_mb=max_body_mb)
+    server = Server(
+        engine, host, port, weight_ipc=weight_ipc, api_key=api_key, max_body_mb=max_body_mb, strict=strict
+    )
     loop = asyncio.new_event_loop()
     started = threading.Event()
     failed: list[BaseException] = []

@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from agent_r1.algos.advantages import AdvantageConfig
 from agent_r1.algos.losses import LossConfig
 from agent_r1.learner.optim import OptimConfig
+from agent_r1.rollout.sglang import SGLangConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
@@ -147,6 +148,7 @@ class RolloutConfig:
     request_timeout_s: float = 300.0
     ready_timeout_s: float = 300.0
     server_cpus: int = 1  # torch threads per embedded server
+    sglang: SGLangConfig = field(default_factory=SGLangConfig)  # engine=sglang: launch flags
 
     def __post_init__(self) -> None:
         _check(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -137,7 +136,19 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
         folder = rd.servers if role == "server" else rd.teachers
         model = cfg.model.path if role == "server" else cfg.algorithm.teacher
         if cfg.rollout.engine == "sglang":
-            return serve_sglang(model, env.address, folder / f"{name}.json", cfg)
+            from agent_r1.rollout.sglang import run_sglang
+
+            return run_sglang(
+                model,
+                env.address,
+                folder / f"{name}.json",
+                rd.logs / f"{name}.sglang.log",
+                cfg.model.max_len,
+                cfg.model.dtype,
+                cfg.rollout.sglang,
+                cfg.rollout.ready_timeout_s,
+                rd.api_key(),
+            )
         serve(
             model,
             env.address,
@@ -147,6 +158,7 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
             max_len=cfg.model.max_len,
             threads=cfg.rollout.server_cpus,
             api_key=rd.api_key(),
+            strict=True,  # the run uses only what real SGLang serves
         )
         return 0
     if role == "worker":
@@ -158,56 +170,6 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
         Worker(cfg, rd, idx).serve_forever()
         return 0
     raise ValueError(f"unknown role {role!r}: learner, server, teacher or worker")
-
-
-def serve_sglang(model: str, address: str, ready_file: Path, cfg: Any) -> int:
-    """A real SGLang server on this node's GPU (GPU clusters only): started, health-checked, then
-    published like the embedded one, so the client and the coordinator cannot tell them apart."""
-    import signal
-    import urllib.request
-
-    port = free_port(address)
-    cmd = [
-        sys.executable,
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        model,
-        "--host",
-        address,
-        "--port",
-        str(port),
-        "--context-length",
-        str(cfg.model.max_len),
-        "--dtype",
-        cfg.model.dtype,
-    ]
-    key = RunDir.at(ready_file.parents[2]).api_key()
-    if key:  # SGLang takes it on the command line only
-        cmd += ["--api-key", key]
-    proc = subprocess.Popen(cmd)
-    signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
-    url = f"http://{address}:{port}"
-    deadline = time.time() + cfg.rollout.ready_timeout_s
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"sglang.launch_server exited with {proc.returncode} before it was ready")
-        try:
-            req = urllib.request.Request(
-                f"{url}/health_generate", headers={"Authorization": f"Bearer {key}"} if key else {}
-            )
-            with urllib.request.urlopen(req, timeout=30) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if time.time() > deadline:
-            proc.kill()
-            raise RoleTimeout(f"SGLang at {url} not healthy within {cfg.rollout.ready_timeout_s:.0f} s")
-        time.sleep(2)
-    atomic_write_json(ready_file, {"url": url, "model": model, "engine": "sglang"})
-    log.info("SGLang serving %s at %s", model, url)
-    return proc.wait()
 
 
 def _learner(cfg: Any, rd: RunDir, env: RoleEnv) -> int:

@@ -149,7 +149,9 @@ def render_job(cfg: TrainConfig, rd: RunDir, workdir: str | Path | None = None) 
     roll_nodes = lay.learner_nodes if lay.colocated else lay.rollout_nodes
     learn_group = None if lay.colocated else 0
     gpu_opt = ["--gpus-per-task=1"] if c.gpus_per_node else []
-    rollout_roles = [("server", lay.servers, gpu_opt, []), ("worker", lay.workers, [], [])]
+    server_gpus = cfg.rollout.sglang.tp if cfg.rollout.engine == "sglang" else 1
+    server_opt = [f"--gpus-per-task={server_gpus}"] if c.gpus_per_node else []
+    rollout_roles = [("server", lay.servers, server_opt, []), ("worker", lay.workers, [], [])]
     if cfg.algorithm.teacher:
         rollout_roles.append(("teacher", 1, gpu_opt, ["--index", "0"]))
     steps = [

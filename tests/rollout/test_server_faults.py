@@ -176,3 +176,18 @@ def test_json_never_carries_nan():
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text) == {"logprobs": [[None, 3, None], [None, 4, None], [-0.5, 5, None]]}
     assert dumps({"a": 1.5}) == json.dumps({"a": 1.5})
+
+
+def test_strict_server_serves_only_upstream_endpoints(tiny_model_dir, tmp_path):
+    s = ServerProc(tiny_model_dir, tmp_path, "strict0", "--strict")
+    try:
+        assert http("GET", s.url + "/get_weight_version")[0] == 404  # the embedded server's own
+        st, info = http("GET", s.url + "/get_model_info")
+        assert st == 200 and "weight_version" in info
+        assert (
+            http("POST", s.url + "/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 1}})[0]
+            == 200
+        )
+    finally:
+        s.kill()
+    assert "strict: 404 for GET /get_weight_version" in (tmp_path / "strict0.log").read_text()
