@@ -140,8 +140,10 @@ class WeightReceiver:
     """The server's end of a weight-update group: a standalone gloo (or NCCL) process group that
     the trainer (rank 0) broadcasts HF-named tensors over, one flattened bucket per call."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | str = "cpu") -> None:
         self.groups: dict[str, Any] = {}
+        self.devices: dict[str, torch.device] = {}  # NCCL receives into GPU memory, gloo into host
+        self.device = torch.device(device)
 
     def init(
         self,
@@ -162,9 +164,11 @@ class WeightReceiver:
         store = dist.PrefixStore(group_name, store)
         cls = dist.ProcessGroupGloo if backend == "gloo" else dist.ProcessGroupNCCL
         self.groups[group_name] = cls(store, int(rank_offset), int(world_size))
+        self.devices[group_name] = self.device if backend == "nccl" else torch.device("cpu")
 
     def receive(self, body: dict[str, Any]) -> dict[str, torch.Tensor]:
-        group = self.groups.get(body.get("group_name", "weight_update_group"))
+        name = body.get("group_name", "weight_update_group")
+        group, device = self.groups.get(name), self.devices.get(name)
         if group is None:
             raise BadRequest(
                 f"group_name: no weight update group {body.get('group_name')!r}; call /init_weights_update_group first"
@@ -178,7 +182,7 @@ class WeightReceiver:
         specs = [(n, DTYPES[d], tuple(s)) for n, d, s in zip(names, dtypes, shapes, strict=True)]
         if body.get("load_format") == "flattened_bucket":
             sizes = [int(torch.Size(s).numel()) * torch.empty(0, dtype=d).element_size() for _, d, s in specs]
-            flat = torch.empty(sum(sizes), dtype=torch.uint8)
+            flat = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
             group.broadcast(flat, 0).wait()
             out, off = {}, 0
             for (n, d, s), size in zip(specs, sizes, strict=True):
@@ -187,7 +191,7 @@ class WeightReceiver:
             return out
         out = {}
         for n, d, s in specs:
-            t = torch.empty(s, dtype=d)
+            t = torch.empty(s, dtype=d, device=device)
             group.broadcast(t, 0).wait()
             out[n] = t
         return out
@@ -209,7 +213,7 @@ class Server:
         self.weight_ipc = (
             weight_ipc  # /update_weights_from_tensor unpickles its body: colocated trainers only
         )
-        self.weights = WeightReceiver()
+        self.weights = WeightReceiver(engine.device)
         middlewares = [api_key_middleware(api_key)] if api_key else []
         if strict:
             middlewares.append(_log_not_found)

@@ -57,8 +57,15 @@ def buckets(
         yield cur
 
 
-def flatten(bucket: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
-    return torch.cat([t.detach().contiguous().cpu().view(-1).view(torch.uint8) for _, t in bucket])
+def flatten(bucket: list[tuple[str, torch.Tensor]], device: torch.device | str = "cpu") -> torch.Tensor:
+    """One uint8 tensor of the bucket's bytes on ``device``: the GPU for NCCL (no host copy), the
+    CPU for gloo."""
+    return torch.cat([t.detach().contiguous().to(device).view(-1).view(torch.uint8) for _, t in bucket])
+
+
+def group_backend(tensors_on_cuda: bool) -> str:
+    """NCCL when the weights live on a GPU (trainer and SGLang servers on GPU nodes), else gloo."""
+    return "nccl" if tensors_on_cuda and torch.cuda.is_available() else "gloo"
 
 
 class WeightUpdateGroup:
@@ -79,6 +86,11 @@ class WeightUpdateGroup:
         self.client = RolloutClient(servers=self.servers, api_key=api_key)
         self.group = None
         self.healthy = set(self.servers)
+        # NCCL broadcasts from GPU memory (this rank's current device), gloo from host memory
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        )
+        self.last_push: dict[str, float] = {}  # bytes, seconds, GB/s of the last push
 
     async def init(self, timeout_s: float = 120.0) -> None:
         """Create the group: servers join over HTTP while this process joins as rank 0."""
@@ -139,6 +151,7 @@ class WeightUpdateGroup:
 
         t0 = time.perf_counter()
         all_buckets = list(buckets(named, bucket_bytes))
+        nbytes = sum(t.numel() * t.element_size() for b in all_buckets for _, t in b)
         for i, bucket in enumerate(all_buckets):
             body = {
                 "names": [n for n, _ in bucket],
@@ -149,7 +162,7 @@ class WeightUpdateGroup:
                 "flush_cache": True,
                 "weight_version": str(version) if i == len(all_buckets) - 1 else None,
             }
-            flat = flatten(bucket)
+            flat = flatten(bucket, self.device)
             calls = [
                 asyncio.ensure_future(self.client.post(s, "/update_weights_from_distributed", body))
                 for s in self.servers
@@ -172,7 +185,13 @@ class WeightUpdateGroup:
                 self._set_healthy(set(self.servers) - failed)
                 raise WeightSyncError(f"weight update (bucket {i + 1}/{len(all_buckets)}) failed on: {bad}")
         await self.verify(version)
-        return time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.last_push = {
+            "bytes": float(nbytes),
+            "seconds": seconds,
+            "gbps": nbytes / max(seconds, 1e-9) / 1e9,
+        }
+        return seconds
 
     async def verify(self, version: int | str) -> None:
         answers = await asyncio.gather(

@@ -21,7 +21,12 @@ from tqdm import tqdm
 from agent_r1.records.reader import RecordStore
 from agent_r1.records.shard import finalize_iteration, iteration_dir, iteration_dirs
 from agent_r1.rollout.client import discover_servers, probe, server_versions
-from agent_r1.rollout.weight_sync import WeightSyncError, WeightUpdateGroup, push_weights_from_disk
+from agent_r1.rollout.weight_sync import (
+    WeightSyncError,
+    WeightUpdateGroup,
+    group_backend,
+    push_weights_from_disk,
+)
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.metrics import STATS_COLUMNS, table_stats
 from agent_r1.train.run_dir import RunDir, node_address, read_json
@@ -98,6 +103,8 @@ class Coordinator:
         self.api_key = rd.api_key()
         # the weights the servers must have: a restarted or new server is brought to them
         self.pushed: tuple[int, dict[str, Any]] | None = None
+        self.backend = "gloo"  # of the weight-update group; NCCL once weights are on a GPU
+        self.last_push: dict[str, float] = {}
         self.next_resync = 0.0
 
     # ---- rollout tasks ---------------------------------------------------------------------------
@@ -273,11 +280,25 @@ class Coordinator:
 
         t0 = time.perf_counter()
         self.pushed = (version, named)
+        # the update group broadcasts from where the weights are: NCCL from the GPU, gloo from the host
+        self.backend = group_backend(any(t.is_cuda for t in named.values()))
         for attempt in range(2):
             servers = self._wait_servers()
             try:
                 self._push_to(servers, named, version)
-                return time.perf_counter() - t0
+                seconds = time.perf_counter() - t0
+                nbytes = sum(t.numel() * t.element_size() for t in named.values())
+                self.last_push = {"seconds": seconds, "gbps": nbytes / max(seconds, 1e-9) / 1e9}
+                log.info(
+                    "weights v%d: %.2f GB to %d server(s) in %.2f s (%.2f GB/s, %s)",
+                    version,
+                    nbytes / 1e9,
+                    len(servers),
+                    seconds,
+                    self.last_push["gbps"],
+                    self.cfg.rollout.weight_sync if self.cfg.rollout.weight_sync == "disk" else self.backend,
+                )
+                return seconds
             except (WeightSyncError, RuntimeError, OSError) as e:
                 log.warning("weight push v%d failed (%s); retrying with the live servers", version, e)
                 self._drop_group()
@@ -300,7 +321,11 @@ class Coordinator:
             self._prune_weights(version)
         elif late:
             group = WeightUpdateGroup(
-                servers, node_address(), group_name=f"late_{version}_{time.time_ns()}", api_key=self.api_key
+                servers,
+                node_address(),
+                backend=self.backend,
+                group_name=f"late_{version}_{time.time_ns()}",
+                api_key=self.api_key,
             )
             try:
                 self.loop.run_until_complete(group.init(timeout_s=self.cfg.rollout.ready_timeout_s))
@@ -335,7 +360,9 @@ class Coordinator:
             return
         self._drop_group()
 
-        self.group = WeightUpdateGroup(servers, master_address=node_address(), api_key=self.api_key)
+        self.group = WeightUpdateGroup(
+            servers, master_address=node_address(), backend=self.backend, api_key=self.api_key
+        )
         self.loop.run_until_complete(self.group.init(timeout_s=self.cfg.rollout.ready_timeout_s))
         self.group_servers = list(servers)
         log.info("weight update group with %d server(s)", len(servers))

@@ -332,6 +332,8 @@ class Trainer:
         m["time/iteration"] = wall
         m["time/idle"] = max(0.0, wall - sum(v for k, v in times.items() if k.startswith("time/")))
         m["weight_sync/seconds"] = times.get("time/weight_sync", 0.0)
+        if self.coord is not None and self.coord.last_push:
+            m["weight_sync/gbps"] = self.coord.last_push["gbps"]
         if pooled.get("generate_s"):
             m["throughput/rollout_tokens_per_s"] = pooled.get("action_tokens", 0.0) / max(
                 times.get("time/generate", 1e-9), 1e-9

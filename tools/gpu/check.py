@@ -371,6 +371,85 @@ def weight_push_ipc(c: Ctx) -> dict:
         server.wait(timeout=60)
 
 
+# ---- 5. weight push over the update group (NCCL between GPUs) --------------------------------------------
+@check
+def weight_push_group(c: Ctx) -> dict:
+    """The disaggregated path: a server on another GPU joins the trainer's update group and gets
+    flattened buckets. NCCL needs one GPU per rank, so with a single GPU the server shares it and
+    the group is gloo (host copies): the line says which ran."""
+    import asyncio
+
+    from agent_r1.rollout.weight_sync import WeightUpdateGroup, group_backend
+
+    two = c.device.type == "cuda" and torch.cuda.device_count() >= 2
+    backend = group_backend(two)
+    server_device = "cuda:1" if two else str(c.device)
+    port = _port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "agent_r1.cli", "serve", "--model", str(c.model_dir), "--port", str(port),
+         "--dtype", c.dtype, "--device", server_device, "--strict"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 300
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=5)
+                break
+            except OSError:
+                if time.time() > deadline or server.poll() is not None:
+                    raise RuntimeError("agent-r1 serve did not come up") from None
+                time.sleep(1)
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(c.model_dir, dtype=getattr(torch, c.dtype)).to(c.device)
+        named = {k: (v + 0.01).contiguous() for k, v in hf.state_dict().items()}
+        del hf
+        nbytes = sum(v.numel() * v.element_size() for v in named.values())
+        group = WeightUpdateGroup([url], "127.0.0.1", backend=backend)
+
+        async def go() -> float:
+            await group.init(timeout_s=120)
+            await group.push(named.items(), "w1", 256 << 20)  # warm-up
+            _sync(c.device)
+            t0 = time.perf_counter()
+            await group.push(named.items(), "w2", 256 << 20)
+            t = time.perf_counter() - t0
+            await group.close()
+            return t
+
+        t_push = asyncio.run(go())
+        probe = "model.norm.weight"
+        got = _post(url + "/get_weights_by_name", {"name": probe, "truncate_size": 4})
+        want = named[probe].flatten()[:4].float().tolist()
+        same = max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-2
+        info = json.loads(urllib.request.urlopen(url + "/get_model_info").read())
+        from safetensors.torch import save_file
+
+        d = c.tmp / "weights_group"
+        d.mkdir(exist_ok=True)
+        t0 = time.perf_counter()
+        save_file({k: v.cpu() for k, v in named.items()}, str(d / "model.safetensors"))
+        r = _post(url + "/update_weights_from_disk", {"model_path": str(d), "weight_version": "w3"})
+        t_disk = time.perf_counter() - t0
+        bench(
+            f"weight_push_{backend}", "gb_per_s", nbytes / t_push / 1e9, "disk_safetensors", t_disk / t_push
+        )
+        return {
+            "ok": same and info.get("weight_version") == "w2" and r.get("success"),
+            "disk_seconds": t_disk,
+            "backend": backend,
+            "server_device": server_device,
+            "bytes": nbytes,
+            "seconds": t_push,
+            "weights_equal": same,
+        }
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu", action="store_true", help="smoke-test the checks on the CPU at a small size")
