@@ -600,7 +600,12 @@ class Server:
 
 
 def serve(
-    model: str, host: str = "127.0.0.1", port: int = 30000, ready_file: str | None = None, **engine_kw: Any
+    model: str,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    ready_file: str | None = None,
+    stop_when: Any = None,
+    **engine_kw: Any,
 ) -> None:
     """Serve until interrupted: the scheduler runs in the main thread (fastest for torch on CPU),
     HTTP in a background event loop. ``ready_file`` gets ``{"url": ...}`` once listening."""
@@ -644,6 +649,15 @@ def serve(
         tmp.write_text(json.dumps({"url": url, "model": model}))
         tmp.replace(p)
     signal.signal(signal.SIGTERM, lambda *_: engine.stop())
+    if stop_when is not None:  # e.g. the run directory's SHUTDOWN file: exit 0, not killed
+
+        def watch() -> None:
+            while not stop_when():
+                time.sleep(1.0)
+            log.info("shutdown requested: stopping")
+            engine.stop()
+
+        threading.Thread(target=watch, name="shutdown-watch", daemon=True).start()
     try:
         engine.run_forever()
     except KeyboardInterrupt:

@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
+from agent_r1.logging import Progress
 from agent_r1.records.reader import RecordStore
 from agent_r1.records.shard import finalize_iteration, iteration_dir, iteration_dirs
 from agent_r1.rollout.client import discover_servers, probe, server_versions
@@ -167,13 +166,7 @@ class Coordinator:
 
     def _wait(self, task: RolloutTask) -> list[dict[str, Any]]:
         total = len(task.rows) * task.group_size
-        bar = tqdm(
-            total=total,
-            desc=f"rollout {task.name}",
-            unit="ep",
-            leave=False,
-            disable=not self.cfg.trainer.progress,
-        )
+        bar = Progress(total=total, desc=f"rollout {task.name}", unit="ep", enabled=self.cfg.trainer.progress)
         deadline = time.time() + self.cfg.trainer.timeout_s
         paths = [self.rd.tasks / f"{task.name}.w{k}.done" for k in range(task.workers)]
         stall = StallWatch(self.cfg.rollout.ready_timeout_s)

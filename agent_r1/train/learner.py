@@ -19,7 +19,6 @@ import numpy as np
 import pyarrow as pa
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
 
 from agent_r1.algos.advantages import ADVANTAGES, compute_advantages
 from agent_r1.algos.losses import loss_config, resolved_agg
@@ -28,6 +27,7 @@ from agent_r1.learner.actor import Actor, PolicyTargets
 from agent_r1.learner.batch import LearnerBatch, drop_nonfinite
 from agent_r1.learner.critic import Critic
 from agent_r1.learner.device import all_reduce_scalar, collective_device
+from agent_r1.logging import Progress
 from agent_r1.records.reader import RecordStore
 from agent_r1.train.config import TrainConfig, bridge_config
 
@@ -181,9 +181,7 @@ class Learner:
         agg = resolved_agg(a.loss, a.policy)
         step_metrics = []
         show = self.cfg.trainer.progress and dist.get_rank() == 0
-        for i, sel in enumerate(
-            tqdm(plan, desc=f"train {iteration}", unit="step", leave=False, disable=not show)
-        ):
+        for i, sel in enumerate(Progress(plan, desc=f"train {iteration}", unit="step", enabled=show)):
             micro = self.micro(b, sel)
             denom, value_denom = self._denominators(b, sel, agg)
             m, lp = self.actor.train_step(micro, targets, a.loss, a.policy, denom)
@@ -239,7 +237,7 @@ class Learner:
         self.actor.scheduler = self.actor.make_scheduler(sft)
         targets = PolicyTargets(torch.zeros(b.num_action_tokens, device=self.device))
         nll = loss_config("sft")
-        bar = tqdm(range(steps), desc="warm start (SFT)", unit="step", disable=not progress, leave=False)
+        bar = Progress(range(steps), desc="warm start (SFT)", unit="step", enabled=progress)
         for step in bar:
             if stop is not None and step % 20 == 0 and stop():
                 bar.close()

@@ -104,6 +104,10 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
     name = f"{role}_{idx}"
     setup_logging(name)
     _file_logging(rd, name)
+    if not sys.stderr.isatty():  # a batch log: no progress-bar redraws (model loading included)
+        import transformers.utils.logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     rd.publish_role(
         name,
         {
@@ -159,6 +163,7 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
             threads=cfg.rollout.server_cpus,
             api_key=rd.api_key(),
             strict=True,  # the run uses only what real SGLang serves
+            stop_when=lambda: rd.shutdown_flag.exists(),
         )
         return 0
     if role == "worker":

@@ -173,12 +173,20 @@ def test_launch_rejects_bad_layout(tmp_path):
 
 def test_het_job_two_nodes(slurm, tiny_model_dir, tmp_path):
     run = tmp_path / "het"
-    r = agent_r1(["launch", *reduced(tiny_model_dir, run, "cluster=slurm_cpu")], slurm)
+    # progress bars on (the default): a batch log gets plain periodic lines, not redraws
+    r = agent_r1(
+        ["launch", *reduced(tiny_model_dir, run, "cluster=slurm_cpu", "trainer.progress=true")], slurm
+    )
     job = submitted_id(r.stdout)
     assert f"tensorboard --logdir {run}/tensorboard" in r.stdout
     states = wait_job(job, slurm)
     out = (run / "logs" / f"slurm-{job}.out").read_text()
     assert set(states) == {"COMPLETED"}, out[-3000:]
+    # readable with tail -f: small, no carriage-return redraws, no error lines on a normal end
+    raw = (run / "logs" / f"slurm-{job}.out").read_bytes()
+    assert len(raw) < 20_000 and b"\r" not in raw, out[-3000:]
+    assert not [line for line in out.splitlines() if "error" in line.lower()], out[-3000:]
+    assert "[agent-r1] learners exited with 0" in out
     s = check_finished(subprocess.CompletedProcess([], 0, out, ""), run, 2)
     assert s["iterations"] == 2
     check_events(run, 2)
