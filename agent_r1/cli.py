@@ -367,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(fn=_sweep_task)
 
     ro = sub.add_parser("role", help="run one role of a run (used by the launchers and Slurm jobs)")
-    ro.add_argument("role", choices=["learner", "server", "teacher", "worker"])
+    ro.add_argument("role", choices=["learner", "server", "teacher", "worker", "router"])
     ro.add_argument("--run-dir", required=True)
     ro.add_argument("--index", type=int, default=None, help="server/worker index (default: the task rank)")
     ro.set_defaults(fn=_role)

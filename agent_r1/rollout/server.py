@@ -605,10 +605,12 @@ def serve(
     port: int = 30000,
     ready_file: str | None = None,
     stop_when: Any = None,
+    on_ready: Any = None,
     **engine_kw: Any,
 ) -> None:
     """Serve until interrupted: the scheduler runs in the main thread (fastest for torch on CPU),
-    HTTP in a background event loop. ``ready_file`` gets ``{"url": ...}`` once listening."""
+    HTTP in a background event loop. Once serving, ``on_ready(url)`` runs (e.g. registering with a
+    router), then ``ready_file`` gets ``{"url": ...}``; ``stop_when()`` true ends the server."""
     import signal
     import threading
     from pathlib import Path
@@ -642,12 +644,25 @@ def serve(
         raise failed[0]
     url = f"http://{server.host}:{server.port}"
     log.info("serving %s at %s", model, url)
-    if ready_file:
-        p = Path(ready_file)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"url": url, "model": model}))
-        tmp.replace(p)
+
+    def publish() -> None:  # once the scheduler runs: /health answers 200 from then on
+        while engine._thread is None:
+            time.sleep(0.01)
+        if on_ready is not None:
+            try:
+                on_ready(url)
+            except Exception:  # noqa: BLE001 - unpublished, the server is useless: stop it
+                log.exception("on_ready failed; stopping")
+                engine.stop()
+                return
+        if ready_file:
+            p = Path(ready_file)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            tmp = p.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"url": url, "model": model}))
+            tmp.replace(p)
+
+    threading.Thread(target=publish, name="publish", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: engine.stop())
     if stop_when is not None:  # e.g. the run directory's SHUTDOWN file: exit 0, not killed
 

@@ -16,6 +16,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent_r1.process import die_with_parent, wait_or_stop
+
 log = logging.getLogger("agent_r1.sglang")
 
 
@@ -77,13 +79,16 @@ def run_sglang(
     cfg: SGLangConfig,
     ready_timeout_s: float,
     api_key: str | None = None,
+    stop_when=None,
 ) -> int:
     """Start SGLang (its output in ``log_file``), wait until ``/health_generate`` answers, publish
     ``{"url"}`` in ``ready_file``, then wait for it; SIGTERM stops it."""
     port = _free_port(host)
     cmd = sglang_command(model, host, port, context_length, dtype, cfg, api_key)
     with log_file.open("ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ})
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ}, preexec_fn=die_with_parent()
+        )
     signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
     url = f"http://{host}:{port}"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -109,4 +114,4 @@ def run_sglang(
     tmp.write_text(json.dumps({"url": url, "model": model, "engine": "sglang"}))
     tmp.replace(ready_file)
     log.info("SGLang serving %s at %s (log %s)", model, url, log_file)
-    return proc.wait()
+    return wait_or_stop(proc, stop_when)

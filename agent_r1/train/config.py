@@ -149,6 +149,8 @@ class RolloutConfig:
     ready_timeout_s: float = 300.0
     server_cpus: int = 1  # torch threads per embedded server
     sglang: SGLangConfig = field(default_factory=SGLangConfig)  # engine=sglang: launch flags
+    router: bool = False  # the real sglang-router in front of the servers (workers talk to it)
+    router_policy: str = "cache_aware"  # random | round_robin | cache_aware | power_of_two
 
     def __post_init__(self) -> None:
         _check(
@@ -170,6 +172,11 @@ class RolloutConfig:
             self.weight_sync in ("distributed", "disk"),
             "rollout.weight_sync",
             f"distributed or disk, got {self.weight_sync!r}",
+        )
+        _check(
+            self.router_policy in ("random", "round_robin", "cache_aware", "power_of_two"),
+            "rollout.router_policy",
+            f"random, round_robin, cache_aware or power_of_two, got {self.router_policy!r}",
         )
         for k in ("max_steps", "max_obs_tokens", "max_action_tokens", "max_concurrency", "bucket_mb"):
             _check(getattr(self, k) >= 1, f"rollout.{k}", f"must be >= 1, got {getattr(self, k)}")

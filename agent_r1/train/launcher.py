@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent_r1.process import die_with_parent
 from agent_r1.train.config import TrainConfig, to_yaml
 from agent_r1.train.roles import role_command
 from agent_r1.train.run_dir import RunDir, RunLock, atomic_write_json
@@ -92,7 +93,7 @@ class Proc:
     log_file: Any = field(default=None, repr=False)
 
     def start(self) -> None:
-        die_with_me = _die_with(os.getpid())
+        die_with_me = die_with_parent()  # a killed launcher leaves no role behind
         if self.console:  # rank 0 shows the progress bars and the per-iteration line
             self.popen = subprocess.Popen(
                 self.cmd, env=self.env, start_new_session=False, preexec_fn=die_with_me
@@ -122,25 +123,6 @@ class Proc:
             self.popen.wait()
         if self.log_file is not None:
             self.log_file.close()
-
-
-def _die_with(parent: int):
-    """A ``preexec_fn``: the child gets SIGKILL when ``parent`` dies (Linux ``PR_SET_PDEATHSIG``), so
-    a launcher killed in any way (kill -9, OOM, a full disk) leaves no role behind to race the next
-    launch; the run resumes from its last checkpoint and committed records are reused."""
-    import ctypes
-
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux: the run lock still refuses a second launch
-        return None
-
-    def child() -> None:
-        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the launcher died between fork and prctl
-            os._exit(1)
-
-    return child
 
 
 def tail(path: Path, n: int = 40) -> str:
@@ -179,6 +161,10 @@ class LocalLauncher:
         )
         for stale in list(self.rd.servers.glob("*.json")) + list(self.rd.teachers.glob("*.json")):
             stale.unlink()  # addresses of a previous launch
+        self.rd.router_file.unlink(missing_ok=True)
+        self.rd.shutdown_flag.unlink(missing_ok=True)
+        if cfg.rollout.router:
+            self.add("router_0", "router", 0, restartable=True)
         if cfg.rollout.engine == "embedded":
             for i in range(cfg.rollout.servers):
                 self.add(f"server_{i}", "server", i, restartable=True)
@@ -242,6 +228,8 @@ class LocalLauncher:
                     )
                     (self.rd.servers / f"{p.name}.json").unlink(missing_ok=True)
                     (self.rd.teachers / f"{p.name}.json").unlink(missing_ok=True)
+                    if p.name.startswith("router_"):
+                        self.rd.router_file.unlink(missing_ok=True)
                     p.start()
             time.sleep(poll_s)
 

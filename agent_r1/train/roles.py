@@ -152,6 +152,7 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
                 cfg.rollout.sglang,
                 cfg.rollout.ready_timeout_s,
                 rd.api_key(),
+                stop_when=lambda: rd.shutdown_flag.exists(),
             )
         serve(
             model,
@@ -164,8 +165,21 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
             api_key=rd.api_key(),
             strict=True,  # the run uses only what real SGLang serves
             stop_when=lambda: rd.shutdown_flag.exists(),
+            on_ready=_join_router(cfg, rd) if role == "server" else None,
         )
         return 0
+    if role == "router":
+        from agent_r1.rollout.router import run_router
+
+        return run_router(
+            env.address,
+            rd.router_file,
+            rd.logs / f"{name}.router.log",
+            cfg.rollout.router_policy,
+            rd.api_key(),
+            cfg.rollout.ready_timeout_s,
+            stop_when=lambda: rd.shutdown_flag.exists(),
+        )
     if role == "worker":
         import torch
 
@@ -174,7 +188,20 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
         torch.set_num_threads(1)
         Worker(cfg, rd, idx).serve_forever()
         return 0
-    raise ValueError(f"unknown role {role!r}: learner, server, teacher or worker")
+    raise ValueError(f"unknown role {role!r}: learner, server, teacher, worker or router")
+
+
+def _join_router(cfg: Any, rd: RunDir):
+    """A server's ``on_ready``: register with the run's router (when ``rollout.router``)."""
+    if not cfg.rollout.router:
+        return None
+
+    def join(url: str) -> None:
+        from agent_r1.rollout.router import register, router_url
+
+        register(router_url(rd.router_file, cfg.rollout.ready_timeout_s), url, rd.api_key())
+
+    return join
 
 
 def _learner(cfg: Any, rd: RunDir, env: RoleEnv) -> int:

@@ -154,6 +154,8 @@ def render_job(cfg: TrainConfig, rd: RunDir, workdir: str | Path | None = None) 
     rollout_roles = [("server", lay.servers, server_opt, []), ("worker", lay.workers, [], [])]
     if cfg.algorithm.teacher:
         rollout_roles.append(("teacher", 1, gpu_opt, ["--index", "0"]))
+    if cfg.rollout.router:  # first: servers register with it as they come up
+        rollout_roles.insert(0, ("router", 1, [], ["--index", "0"]))
     steps = [
         _srun(cfg, roll_group, n, min(roll_nodes, n), [*py, "role", role, "--run-dir", run, *idx], opts)
         + " &"

@@ -106,6 +106,7 @@ class Worker:
         from agent_r1.records.schema import EXTRA_FIELDS, records_to_table
         from agent_r1.records.shard import committed_shards, shard_name, write_shard
         from agent_r1.rollout.client import RolloutClient, RolloutError, discover_servers
+        from agent_r1.rollout.router import router_url
 
         out_dir = self.rd.root / task.records_subdir
         mine = shard_name(self.index)
@@ -144,7 +145,13 @@ class Worker:
                 self.cfg.trainer.timeout_s,
                 self.api_key,
             )
-            client = RolloutClient(servers=servers, timeout_s=rc.request_timeout_s, api_key=self.api_key)
+            router = router_url(self.rd.router_file, rc.ready_timeout_s) if rc.router else None
+            client = RolloutClient(
+                servers=None if router else servers,
+                router=router,
+                timeout_s=rc.request_timeout_s,
+                api_key=self.api_key,
+            )
             try:
                 trajs = await run_episodes(
                     rows,

@@ -122,3 +122,29 @@ def test_corrupted_checkpoint_is_refused_and_the_previous_one_used(tiny_model_di
     # iteration 1 was trained again from iteration 0's weights (with its committed records); the
     # ledger holds each iteration once
     assert [e["iteration"] for e in ledger(run)] == [0, 1, 2]
+
+
+def test_router_in_front_of_the_servers_and_a_restarted_server_rejoins(tiny_model_dir, tmp_path):
+    """rollout.router=true: the real sglang-router starts first, every server registers with it,
+    workers send /generate through it; a killed server's replacement registers again."""
+    run = tmp_path / "router"
+    args = reduced(
+        tiny_model_dir, run, "rollout.router=true", "rollout.servers=2", "rollout.max_action_tokens=48"
+    )
+    p = start_train(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for((run / "control" / "tasks" / "train_000000.w0.progress").exists, 300, "the first rollout")
+        router = json.loads((run / "control" / "router.json").read_text())["url"]
+        os.kill(_role_pid(run, "server_0"), signal.SIGKILL)
+        out, _ = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 0, out[-4000:]
+    assert "server_0 exited" in out and "restarting" in out
+    server0 = (run / "logs" / "server_0.log").read_text()
+    assert server0.count(f"registered with the router {router}") == 2  # first start and the restart
+    assert f"registered with the router {router}" in (run / "logs" / "server_1.log").read_text()
+    for it in range(2):
+        assert manifest(run, it)["num_trajectories"] == 4 * 4
+    assert [e["iteration"] for e in ledger(run)] == [0, 1]

@@ -1,0 +1,131 @@
+"""The real ``sglang-router`` in front of a run's rollout servers.
+
+The router starts with no workers; every server registers itself once it serves (``POST
+/workers``, as slime's engines do), so a restarted server (new address) joins by itself and the
+router's health checks retire the dead one. Rollout workers send ``/generate`` to the router;
+weight pushes and version checks still go to each server directly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from agent_r1.process import die_with_parent, wait_or_stop
+
+log = logging.getLogger("agent_r1.router")
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def router_command(
+    host: str, port: int, policy: str, api_key: str | None, python: str = sys.executable
+) -> list[str]:
+    cmd = [
+        python, "-m", "sglang_router.launch_router",
+        "--host", host, "--port", str(port),
+        "--policy", policy,
+        "--log-level", "warn",
+        "--prometheus-host", host, "--prometheus-port", str(_free_port(host)),
+    ]  # fmt: skip
+    if api_key:  # what the router sends to the workers, which require it
+        cmd += ["--api-key", api_key]
+    return cmd
+
+
+def _request(
+    method: str, url: str, body: dict | None = None, timeout: float = 10, api_key: str | None = None
+) -> tuple[int, str]:
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if api_key:  # a router started with --api-key wants it from its clients too
+        headers["Authorization"] = f"Bearer {api_key}"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def run_router(
+    host: str,
+    ready_file: Path,
+    log_file: Path,
+    policy: str,
+    api_key: str | None,
+    ready_timeout_s: float,
+    stop_when=None,
+) -> int:
+    """Start the router (its output in ``log_file``), publish ``{"url"}`` once it answers, wait."""
+    port = _free_port(host)
+    with log_file.open("ab") as out:
+        proc = subprocess.Popen(
+            router_command(host, port, policy, api_key),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent(),  # the router does not outlive its role
+        )
+    signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    url = f"http://{host}:{port}"
+    deadline = time.time() + ready_timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sglang-router exited with {proc.returncode}: see {log_file}")
+        try:
+            if _request("GET", url + "/workers", timeout=2, api_key=api_key)[0] == 200:
+                break
+        except OSError:
+            pass
+        if time.time() > deadline:
+            proc.kill()
+            raise TimeoutError(
+                f"sglang-router at {url} did not answer within {ready_timeout_s:.0f} s: see {log_file}"
+            )
+        time.sleep(0.2)
+    tmp = ready_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"url": url}))
+    tmp.replace(ready_file)
+    log.info("sglang-router (%s) at %s", policy, url)
+    return wait_or_stop(proc, stop_when)
+
+
+def router_url(ready_file: Path, timeout_s: float) -> str:
+    """The router's address once its role has published it."""
+    deadline = time.time() + timeout_s
+    while not ready_file.exists():
+        if time.time() > deadline:
+            raise TimeoutError(
+                f"no router published {ready_file} within {timeout_s:.0f} s (see logs/router_0.log)"
+            )
+        time.sleep(0.2)
+    return json.loads(ready_file.read_text())["url"]
+
+
+def register(router: str, server: str, api_key: str | None = None, timeout_s: float = 60.0) -> None:
+    """Add ``server`` to the router (``POST /workers``) and wait until the router lists it."""
+    status, text = _request(
+        "POST", router + "/workers", {"url": server, "worker_type": "regular"}, api_key=api_key
+    )
+    if status >= 300:
+        raise RuntimeError(f"router {router} refused worker {server}: {status} {text[:300]}")
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        status, text = _request("GET", router + "/workers", api_key=api_key)
+        if status == 200 and any(w.get("url") == server for w in json.loads(text).get("workers", [])):
+            log.info("registered with the router %s", router)
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"router {router} did not list {server} within {timeout_s:.0f} s")
