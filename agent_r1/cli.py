@@ -266,8 +266,10 @@ def _sweep_task(a: argparse.Namespace) -> int:
 
 
 def _role(a: argparse.Namespace) -> int:
-    from agent_r1.train.roles import run_role
+    from agent_r1.train.roles import run_role, supervise
 
+    if a.supervise:
+        return supervise(a.role, a.run_dir, a.index, a.max_restarts)
     return run_role(a.role, a.run_dir, a.index)
 
 
@@ -368,6 +370,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     ro = sub.add_parser("role", help="run one role of a run (used by the launchers and Slurm jobs)")
     ro.add_argument("role", choices=["learner", "server", "teacher", "worker", "router"])
+    ro.add_argument(
+        "--supervise",
+        action="store_true",
+        help="run the role as a child and restart it when it dies (Slurm steps of rollout roles)",
+    )
+    ro.add_argument("--max-restarts", type=int, default=5, help="with --supervise: restarts before giving up")
     ro.add_argument("--run-dir", required=True)
     ro.add_argument("--index", type=int, default=None, help="server/worker index (default: the task rank)")
     ro.set_defaults(fn=_role)

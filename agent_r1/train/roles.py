@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -242,6 +243,48 @@ def _learner(cfg: Any, rd: RunDir, env: RoleEnv) -> int:
     if env.rank == 0:
         log.info("summary %s", summary)
     return 3 if summary.get("preempted") else 0
+
+
+def supervise(role: str, run_dir: str, index: int | None = None, max_restarts: int = 5) -> int:
+    """``agent-r1 role ROLE --supervise``: the role as a child process, restarted in place when it
+    dies (back-off 1, 2, 4 … 30 s; at most ``max_restarts`` times) until the run ends. Under Slurm
+    this keeps a rollout server, worker or router alive without the job step ending; a replaced
+    server publishes its new address and the coordinator brings it to the current weights."""
+    import signal
+
+    from agent_r1.logging import setup_logging
+    from agent_r1.process import die_with_parent
+
+    rd = RunDir.at(run_dir)
+    name = f"{role}_{detect().rank if index is None else index}"
+    setup_logging(f"{name} supervisor")
+    stop = {"sig": None}
+    child: list[subprocess.Popen] = []
+
+    def forward(signum, frame) -> None:  # noqa: ARG001
+        stop["sig"] = signum
+        if child and child[0].poll() is None:
+            child[0].send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    restarts = 0
+    while True:
+        child[:] = [subprocess.Popen(role_command(role, rd.root, index), preexec_fn=die_with_parent())]
+        rc = child[0].wait()
+        if rc == 0 or stop["sig"] is not None or rd.shutdown_flag.exists() or rd.stopping:
+            return 0 if stop["sig"] is not None or rd.shutdown_flag.exists() else rc
+        restarts += 1
+        if restarts > max_restarts:
+            log.error("%s died %d times (last exit %s): giving up", name, restarts, rc)
+            return rc
+        for folder in (rd.servers, rd.teachers):  # its address is dead; the replacement publishes anew
+            (folder / f"{name}.json").unlink(missing_ok=True)
+        delay = min(2 ** (restarts - 1), 30)
+        log.warning(
+            "%s exited with %s; restarting it in %d s (%d/%d)", name, rc, delay, restarts, max_restarts
+        )
+        time.sleep(delay)
 
 
 def role_command(role: str, run_dir: Path, index: int | None = None) -> list[str]:

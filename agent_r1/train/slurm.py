@@ -156,8 +156,16 @@ def render_job(cfg: TrainConfig, rd: RunDir, workdir: str | Path | None = None) 
         rollout_roles.append(("teacher", 1, gpu_opt, ["--index", "0"]))
     if cfg.rollout.router:  # first: servers register with it as they come up
         rollout_roles.insert(0, ("router", 1, [], ["--index", "0"]))
+    # rollout roles are supervised in their step: one that dies is restarted in place
     steps = [
-        _srun(cfg, roll_group, n, min(roll_nodes, n), [*py, "role", role, "--run-dir", run, *idx], opts)
+        _srun(
+            cfg,
+            roll_group,
+            n,
+            min(roll_nodes, n),
+            [*py, "role", role, "--run-dir", run, *idx, "--supervise"],
+            opts,
+        )
         + " &"
         for role, n, opts, idx in rollout_roles
     ]

@@ -350,3 +350,35 @@ def test_launch_colocated_dry_run(tmp_path):
         (False, False, True),
     ]
     assert "--ntasks=2" in sruns[1] and "--ntasks=2" in sruns[2] and all("--overlap" in x for x in sruns)
+
+
+def test_server_killed_under_slurm_is_restarted_in_place_behind_the_router(slurm, tiny_model_dir, tmp_path):
+    """kill -9 of the only rollout server of a 2-node job: its supervisor restarts it in the same
+    step, it registers with the run's sglang-router again and gets the current weights; the run
+    finishes with every record of every iteration, each trained once."""
+    run = tmp_path / "slurmkill"
+    args = reduced(
+        tiny_model_dir, run, "cluster=slurm_cpu", "rollout.router=true", "rollout.max_action_tokens=48"
+    )
+    job = submitted_id(agent_r1(["launch", *args], slurm).stdout)
+    prog = run / "control" / "tasks" / "train_000000.w0.progress"
+    deadline = time.time() + 300
+    while not prog.exists():
+        assert time.time() < deadline, "the first rollout never started"
+        time.sleep(0.05)
+    victim = json.loads((run / "control" / "roles" / "server_0.json").read_text())["pid"]
+    os.kill(victim, 9)  # n2 is this host: its processes are ours to kill
+    states = wait_job(job, slurm, timeout=400)
+    out = (run / "logs" / f"slurm-{job}.out").read_text()
+    assert set(states) == {"COMPLETED"}, out[-3000:]
+    assert "server_0 exited with -9; restarting it" in out
+    assert json.loads((run / "control" / "roles" / "server_0.json").read_text())["pid"] != victim
+    server_log = (run / "logs" / "server_0.log").read_text()
+    assert server_log.count("registered with the router") == 2
+    check_finished(subprocess.CompletedProcess([], 0, out, ""), run, 2)
+    for it in range(2):
+        assert (
+            json.loads((run / "records" / f"iter_{it:06d}" / "manifest.json").read_text())["num_trajectories"]
+            == 16
+        )
+    assert [e["iteration"] for e in ledger(run)] == [0, 1]
