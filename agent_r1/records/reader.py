@@ -93,8 +93,10 @@ class RecordStore:
         columns: list[str] | None = None,
         verify: bool = True,
     ) -> pa.Table:
-        """This rank's part of an iteration: whole shards round-robin (``by="shard"``) or the rows of
-        the groups whose hash falls on this rank (``by="group"``: a group never straddles ranks)."""
+        """This rank's part of an iteration: whole shards round-robin (``by="shard"``) or whole
+        groups (``by="group"``: a group never straddles ranks). Groups are ordered by their stable
+        hash and dealt round-robin, so every rank gets floor or ceil(groups / world) of them (a
+        rank never starves while another has two) and the split is the same on every rank."""
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} outside world of {world}")
         shards = self.shards(iteration)
@@ -102,13 +104,13 @@ class RecordStore:
             picked = [m for i, m in enumerate(shards) if i % world == rank]
             tables = [self.read_shard(iteration, m, verify, columns) for m in picked]
         elif by == "group":
-            tables = []
-            for m in shards:
-                t = self.read_shard(iteration, m, verify, columns and sorted(set(columns) | {"group_id"}))
-                groups = pc.unique(t.column("group_id")).to_pylist()
-                mine = [g for g, h in zip(groups, group_hash(groups), strict=True) if h % world == rank]
-                t = t.filter(pc.is_in(t.column("group_id"), value_set=pa.array(mine, pa.string())))
-                tables.append(t.select(columns) if columns else t)
+            cols = columns and sorted(set(columns) | {"group_id"})
+            tables = [self.read_shard(iteration, m, verify, cols) for m in shards]
+            groups = sorted({g for t in tables for g in pc.unique(t.column("group_id")).to_pylist()})
+            dealt = [g for _, g in sorted(zip(group_hash(groups).tolist(), groups, strict=True))]
+            mine = pa.array(dealt[rank::world], pa.string())
+            tables = [t.filter(pc.is_in(t.column("group_id"), value_set=mine)) for t in tables]
+            tables = [t.select(columns) if columns else t for t in tables]
         else:
             raise ValueError(f"by must be 'shard' or 'group', got {by!r}")
         if not tables:

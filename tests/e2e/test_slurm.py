@@ -382,3 +382,28 @@ def test_server_killed_under_slurm_is_restarted_in_place_behind_the_router(slurm
             == 16
         )
     assert [e["iteration"] for e in ledger(run)] == [0, 1]
+
+
+def test_learner_ranks_span_two_nodes_and_resume(slurm, tiny_model_dir, tmp_path):
+    """DP2 with one learner rank on n1 and one on n2 (one allocation, rollout roles beside them):
+    the gloo group forms across the nodes' addresses, the run completes, and a second launch
+    with more iterations resumes from its checkpoint."""
+    run = tmp_path / "twonodes"
+    base = ["cluster=slurm_cpu", "cluster.colocated=true", "cluster.learner_nodes=2", "parallel=cpu_dp2"]
+    job = submitted_id(agent_r1(["launch", *reduced(tiny_model_dir, run, *base)], slurm).stdout)
+    states = wait_job(job, slurm)
+    out = (run / "logs" / f"slurm-{job}.out").read_text()
+    assert set(states) == {"COMPLETED"}, out[-3000:]
+    roles = {p.stem: json.loads(p.read_text()) for p in (run / "control" / "roles").glob("*.json")}
+    assert {roles["learner_0"]["node"], roles["learner_1"]["node"]} == {"n1", "n2"}
+    assert {roles["learner_0"]["address"], roles["learner_1"]["address"]} == {"127.0.1.1", "127.0.1.2"}
+    check_finished(subprocess.CompletedProcess([], 0, out, ""), run, 2)
+    job2 = submitted_id(
+        agent_r1(["launch", *reduced(tiny_model_dir, run, *base, "trainer.iterations=3")], slurm).stdout
+    )
+    states = wait_job(job2, slurm)
+    out2 = (run / "logs" / f"slurm-{job2}.out").read_text()
+    assert set(states) == {"COMPLETED"}, out2[-3000:]
+    assert "resumed from" in (run / "logs" / "learner_0.log").read_text()
+    check_finished(subprocess.CompletedProcess([], 0, out2, ""), run, 3)
+    assert [e["iteration"] for e in ledger(run)] == [0, 1, 2]

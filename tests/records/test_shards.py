@@ -147,7 +147,17 @@ def test_select_by_rank_and_by_group(tmp_path):
         assert _sorted(pa.concat_tables(parts)).equals(_sorted(t))
     g = [set(store.read(1, rank=r, world=2, by="group").column("group_id").to_pylist()) for r in range(2)]
     assert not g[0] & g[1]
-    assert all(int(h) % 2 == r for r in range(2) for h in group_hash(sorted(g[r])))
+    allg = sorted(g[0] | g[1])
+    dealt = [x for _, x in sorted(zip(group_hash(allg).tolist(), allg, strict=True))]
+    assert g == [set(dealt[0::2]), set(dealt[1::2])]  # hash order, dealt round-robin
+    assert abs(len(g[0]) - len(g[1])) <= 1  # balanced
+    # as many ranks as groups: every rank gets exactly one (hashing alone leaves ranks empty)
+    for world in (2, 3, 5, 8):
+        per_rank = [
+            store.read(1, rank=r, world=world, by="group").column("group_id").unique() for r in range(world)
+        ]
+        sizes = sorted(len(x) for x in per_rank)
+        assert sizes[-1] - sizes[0] <= 1 and sum(sizes) == len(allg)
     cols = store.read(1, rank=1, world=2, by="group", columns=["trajectory_id", "reward"])
     assert cols.column_names == ["trajectory_id", "reward"]
     with pytest.raises(ValueError, match="rank 2 outside"):
