@@ -250,6 +250,8 @@ def _sweep(a: argparse.Namespace) -> int:
         for t in out["tasks"]:
             print(f"# task {t['index']}: {' '.join(t['overrides'])}")
         print(out["script"], end="")
+        if out["tasks"] and "job" in out["tasks"][0]:  # a cluster layout: each task runs its own job body
+            print(f"# ---- task_000/job.sh (each task runs its own) ----\n{out['tasks'][0]['job']}", end="")
         return 0
     print(
         f"submitted job array {out['job_id']} ({out['tasks']} tasks)\nsweep dir:   {out['sweep_dir']}\n"

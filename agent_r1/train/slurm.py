@@ -139,15 +139,27 @@ def python_cmd(cfg: TrainConfig) -> list[str]:
     return [cfg.cluster.python or sys.executable, "-m", "agent_r1.cli"]
 
 
-def render_job(cfg: TrainConfig, rd: RunDir, workdir: str | Path | None = None) -> str:
-    """The sbatch script of a run (heterogeneous unless ``cluster.colocated``)."""
+def render_job(
+    cfg: TrainConfig, rd: RunDir, workdir: str | Path | None = None, in_array: bool = False
+) -> str:
+    """The sbatch script of a run: heterogeneous (learner component, rollout component) unless
+    ``cluster.colocated``. ``in_array``: the body of one task of a job array instead, whose
+    allocation is one block of learner + rollout nodes (Slurm has no arrays of het jobs): each
+    role's ``srun`` is placed with ``--relative`` (learners on the first nodes, rollout roles on
+    the rest), and there are no ``#SBATCH`` lines (the array script holds them)."""
     lay = layout(cfg)
     c = cfg.cluster
     py = python_cmd(cfg)
     run = str(rd.root)
-    roll_group = None if lay.colocated else 1
     roll_nodes = lay.learner_nodes if lay.colocated else lay.rollout_nodes
-    learn_group = None if lay.colocated else 0
+    if in_array:  # one allocation: place by node offset
+        roll_group = learn_group = None
+        roll_place = [] if lay.colocated else [f"--relative={lay.learner_nodes}"]
+        learn_place = ["--relative=0"]
+    else:
+        roll_group = None if lay.colocated else 1
+        learn_group = None if lay.colocated else 0
+        roll_place = learn_place = []
     gpu_opt = ["--gpus-per-task=1"] if c.gpus_per_node else []
     server_gpus = cfg.rollout.sglang.tp if cfg.rollout.engine == "sglang" else 1
     server_opt = [f"--gpus-per-task={server_gpus}"] if c.gpus_per_node else []
@@ -164,7 +176,7 @@ def render_job(cfg: TrainConfig, rd: RunDir, workdir: str | Path | None = None) 
             n,
             min(roll_nodes, n),
             [*py, "role", role, "--run-dir", run, *idx, "--supervise"],
-            opts,
+            [*roll_place, *opts],
         )
         + " &"
         for role, n, opts, idx in rollout_roles
@@ -175,7 +187,7 @@ def render_job(cfg: TrainConfig, rd: RunDir, workdir: str | Path | None = None) 
         cfg.parallel.learner_ranks,
         lay.learner_nodes,
         [*py, "role", "learner", "--run-dir", run],
-        gpu_opt,
+        [*learn_place, *gpu_opt],
     )
     env = []
     if c.network_interface:
@@ -186,7 +198,9 @@ def render_job(cfg: TrainConfig, rd: RunDir, workdir: str | Path | None = None) 
     return tmpl.substitute(
         name=cfg.trainer.name,
         layout=lay.describe(),
-        sbatch="\n".join(_sbatch_lines(cfg, lay, rd.logs)),
+        sbatch="# (one task of a job array: the array script holds the #SBATCH lines)"
+        if in_array
+        else "\n".join(_sbatch_lines(cfg, lay, rd.logs)),
         setup="\n".join(c.setup),
         run_dir=shlex.quote(run),
         threads=str(max(1, c.cpus_per_task)),
@@ -258,6 +272,10 @@ def sweep_tasks(spec: dict[str, Any]) -> list[list[str]]:
 
 
 def render_array(spec: dict[str, Any], sweep_dir: Path, n: int, cfg: TrainConfig) -> str:
+    """The job array of a sweep. A local-launcher preset: every task is one node running
+    ``agent-r1 sweep-task`` (all roles as local processes). A Slurm preset (a GPU layout): every
+    task is one allocation of learner + rollout nodes running its own rendered job body
+    (``task_NNN/job.sh``, roles placed with ``srun --relative``)."""
     c = cfg.cluster
     k = int(spec.get("max_parallel", n))
     lines = [
@@ -265,10 +283,18 @@ def render_array(spec: dict[str, Any], sweep_dir: Path, n: int, cfg: TrainConfig
         f"--time={c.time}",
         f"--array=0-{n - 1}%{k}",
         f"--output={sweep_dir}/logs/task_%a.out",
-        "--nodes=1",
-        "--ntasks=1",
-        f"--cpus-per-task={c.cpus_per_task}",
     ]
+    if c.launcher == "slurm":
+        lay = layout(cfg)
+        nodes = lay.learner_nodes + (0 if lay.colocated else lay.rollout_nodes)
+        rollout_per_node = 0 if lay.colocated else -(-(lay.servers + lay.workers) // lay.rollout_nodes)
+        lines += [
+            f"--nodes={nodes}",
+            f"--ntasks-per-node={max(lay.learner_tasks_per_node, rollout_per_node)}",
+            f"--cpus-per-task={c.cpus_per_task}",
+        ]
+    else:
+        lines += ["--nodes=1", "--ntasks=1", f"--cpus-per-task={c.cpus_per_task}"]
     for key in ("partition", "account", "qos"):
         if getattr(c, key):
             lines.append(f"--{key}={getattr(c, key)}")
@@ -276,14 +302,18 @@ def render_array(spec: dict[str, Any], sweep_dir: Path, n: int, cfg: TrainConfig
         lines.append(f"--gpus-per-node={c.gpus_per_node}")
     if c.mem is not None:
         lines.append(f"--mem={c.mem}")
-    cmd = _wrap(cfg, [*python_cmd(cfg), "sweep-task", str(sweep_dir / "sweep.json")])
     body = "\n".join(c.setup)
+    if c.launcher == "slurm":
+        run = f'bash "{sweep_dir}/task_$(printf %03d "$SLURM_ARRAY_TASK_ID")/job.sh"\n'
+    else:
+        cmd = _wrap(cfg, [*python_cmd(cfg), "sweep-task", str(sweep_dir / "sweep.json")])
+        run = f'{cmd} "$SLURM_ARRAY_TASK_ID"\n'
     return (
         "#!/bin/bash\n"
         f"# Agent-R1 sweep {spec['name']}: {n} tasks, at most {k} at once. Rendered by `agent-r1 sweep`.\n"
         + "\n".join(f"#SBATCH {x}" for x in lines)
         + f"\n\nset -uo pipefail\n{body}\nexport PYTHONUNBUFFERED=1\ncd {shlex.quote(str(Path.cwd()))}\n"
-        + f'{cmd} "$SLURM_ARRAY_TASK_ID"\n'
+        + run
     )
 
 
@@ -314,9 +344,25 @@ def sweep(
         except ConfigError as e:
             raise ConfigError(f"sweep task {i} ({' '.join(over)}): {e}") from None
         tasks.append({"index": i, "overrides": over, "args": args})
+        if cfg.cluster.launcher == "slurm":  # its own multi-node job body
+            tasks[-1]["job"] = render_job(cfg, RunDir.at(sweep_dir / f"task_{i:03d}"), in_array=True)
+            tasks[-1]["cfg"] = cfg
     script = render_array(spec, sweep_dir, len(tasks), cfg)
     if dry_run:
-        return {"script": script, "tasks": tasks, "sweep_dir": str(sweep_dir)}
+        return {
+            "script": script,
+            "tasks": [{k: v for k, v in t.items() if k != "cfg"} for t in tasks],
+            "sweep_dir": str(sweep_dir),
+        }
+    from agent_r1.train.launcher import prepare_run
+
+    for t in tasks:
+        if "job" in t:  # prepared like `agent-r1 launch` prepares a run
+            rd = RunDir.at(sweep_dir / f"task_{t['index']:03d}").create()
+            RunLock(rd).acquire("agent-r1 sweep").release()
+            prepare_run(t.pop("cfg"), local=False)
+            rd.new_api_key()
+            (rd.root / "job.sh").write_text(t.pop("job"))
     (sweep_dir / "logs").mkdir(parents=True, exist_ok=True)
     (sweep_dir / "sweep.json").write_text(json.dumps({"name": spec["name"], "tasks": tasks}, indent=1))
     (sweep_dir / "array.sbatch").write_text(script)

@@ -237,6 +237,10 @@ def test_job_array_sweep_and_report(slurm, tiny_model_dir, tmp_path):
         assert list((run / "tensorboard").glob("events.out.tfevents.*"))  # its own TensorBoard run
         cfg = OmegaConf.load(run / "config.yaml")
         assert cfg.optim.lr == float(t["overrides"][1].split("=")[1])
+        # a two-node allocation per task: learner on its first node, rollout roles on the second
+        roles = {p.stem: json.loads(p.read_text()) for p in (run / "control" / "roles").glob("*.json")}
+        assert roles["learner_0"]["node"] != roles["server_0"]["node"], roles
+        assert roles["server_0"]["node"] == roles["worker_0"]["node"]
     rep = sh([sys.executable, str(ROOT / "tools" / "sweep_report.py"), str(out_dir)], slurm).stdout
     lines = [x for x in rep.splitlines() if x.startswith("| ") and "task" not in x]
     assert len(lines) == 4 and all("| done |" in x for x in lines), rep
@@ -407,3 +411,31 @@ def test_learner_ranks_span_two_nodes_and_resume(slurm, tiny_model_dir, tmp_path
     assert "resumed from" in (run / "logs" / "learner_0.log").read_text()
     check_finished(subprocess.CompletedProcess([], 0, out2, ""), run, 3)
     assert [e["iteration"] for e in ledger(run)] == [0, 1, 2]
+
+
+def test_gpu_sweep_renders_one_multi_node_allocation_per_task(tmp_path):
+    """Slurm has no arrays of het jobs: every array task of a GPU sweep is one block of learner +
+    rollout nodes whose roles are placed with srun --relative, with the GPU preset's layout."""
+    spec = tmp_path / "gpu_sweep.yaml"
+    spec.write_text(
+        json.dumps(
+            {
+                "name": "g",
+                "base": ["+experiment=qwen3_4b_gsm8k_tool_steppo_4n8g"],
+                "grid": {"optim.lr": [1e-6, 2e-6]},
+            }
+        )
+    )
+    r = agent_r1(["sweep", str(spec), "--out", str(tmp_path / "sw"), "--dry-run"], dict(os.environ))
+    script, _, job = r.stdout.partition("# ---- task_000/job.sh")
+    assert "#SBATCH --array=0-1%2" in script and "#SBATCH --nodes=6" in script  # 4 learner + 2 rollout
+    assert (
+        "#SBATCH --ntasks-per-node=9" in script and "#SBATCH --gpus-per-node=8" in script
+    )  # 16 servers + 2 workers on 2 nodes
+    assert 'task_$(printf %03d "$SLURM_ARRAY_TASK_ID")/job.sh' in script and "sweep-task" not in script
+    assert "#SBATCH --" not in job and "--het-group" not in job
+    learner = next(line for line in job.splitlines() if " role learner " in line)
+    assert "--relative=0" in learner and "--ntasks=32" in learner and "--nodes=4" in learner
+    server = next(line for line in job.splitlines() if " role server " in line)
+    assert "--relative=4" in server and "--gpus-per-task=1" in server and "--supervise" in server
+    assert f"--run-dir {tmp_path / 'sw' / 'task_000'}" in job
