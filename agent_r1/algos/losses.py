@@ -8,6 +8,7 @@ leak), and an empty mask gives a zero loss with zero gradient.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,27 +22,36 @@ AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
+# what a setting left unset (None) becomes when neither the config nor the loss's registry entry
+# gives it
+BASE_SETTINGS = {"clip_low": 0.2, "clip_high": 0.2, "clip_c": 3.0, "agg": "token-mean"}
+
+
 @dataclass
 class LossConfig:
-    clip_low: float = 0.2  # ratio clipped to [1 - clip_low, 1 + clip_high]
-    clip_high: float = 0.2
-    clip_c: float | None = 3.0  # dual-clip bound for A < 0 (None: off)
-    agg: str = "token-mean"
+    """``algorithm.policy``. None = unset: the loss's own setting (``POLICY_LOSSES``), else
+    ``BASE_SETTINGS``; the config resolves it once, so every consumer sees concrete values."""
+
+    clip_low: float | None = None  # ratio clipped to [1 - clip_low, 1 + clip_high]
+    clip_high: float | None = None
+    clip_c: float | None = None  # dual-clip bound for A < 0 (token-ratio losses); 0 = off
+    agg: str | None = None
     kl_coef: float = 0.0  # KL to the reference policy, added to the loss
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0  # entropy bonus (subtracted)
     tis_cap: float | None = None  # truncated importance sampling for rollout/learner mismatch
     log_ratio_clamp: float = 20.0
-    opd_clamp: float = 10.0
 
-    def __post_init__(self) -> None:
-        if self.clip_low < 0 or self.clip_high < 0 or self.clip_low >= 1:
+    def __post_init__(self) -> None:  # an unset (None) setting is checked once it is resolved
+        if (self.clip_low is not None and not 0 <= self.clip_low < 1) or (
+            self.clip_high is not None and self.clip_high < 0
+        ):
             raise ValueError(
                 f"loss.clip_low must be in [0, 1) and clip_high >= 0, got {self.clip_low}, {self.clip_high}"
             )
-        if self.clip_c is not None and self.clip_c <= 1:
-            raise ValueError(f"loss.clip_c must be > 1 (or null), got {self.clip_c}")
-        if self.agg not in AGG_MODES:
+        if self.clip_c is not None and self.clip_c != 0 and self.clip_c <= 1:
+            raise ValueError(f"loss.clip_c must be > 1 (or 0: off), got {self.clip_c}")
+        if self.agg is not None and self.agg not in AGG_MODES:
             raise ValueError(f"loss.agg must be one of {AGG_MODES}, got {self.agg!r}")
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"loss.kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
@@ -113,9 +123,13 @@ PolicyLossFn = Callable[[LossInputs, torch.Tensor, LossConfig], tuple[torch.Tens
 
 @dataclass(frozen=True)
 class PolicyLoss:
+    """A loss and its hyper-parameters: ``defaults`` fill what a config leaves unset (an explicit
+    setting wins); ``forced`` settings are part of the loss's definition (a config that sets them
+    otherwise is an error). The only place these values live."""
+
     fn: PolicyLossFn  # (inputs, advantages, cfg) -> per-token loss, metrics
-    agg: str | None = None  # forced aggregation mode (StepPO/PSPO), else cfg.agg
     defaults: dict[str, Any] = field(default_factory=dict)
+    forced: dict[str, Any] = field(default_factory=dict)
 
 
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
@@ -126,7 +140,7 @@ def _clip_objective(adv: torch.Tensor, ratio: torch.Tensor, cfg: LossConfig, mas
     pg2 = -adv * ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
     pg = torch.maximum(pg1, pg2)
     metrics = {"clipfrac": _masked_mean((pg2 > pg1).to(adv.dtype), mask)}
-    if dual and cfg.clip_c is not None:
+    if dual and cfg.clip_c:
         pg3 = -adv * cfg.clip_c
         pg_dual = torch.minimum(pg, pg3)
         metrics["dual_clipfrac"] = _masked_mean(((adv < 0) & (pg > pg3)).to(adv.dtype), mask)
@@ -179,43 +193,60 @@ def _ratio_metrics(ratio: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Ten
     }
 
 
+STEP_AGG = {"agg": "seq-mean-token-mean"}  # one step's action = one sequence (StepPO)
 POLICY_LOSSES.register("ppo")(PolicyLoss(ppo_clip))
-POLICY_LOSSES.register("gspo")(PolicyLoss(gspo))
-POLICY_LOSSES.register("steppo")(PolicyLoss(gspo, agg="seq-mean-token-mean"))
+# GSPO's sequence ratio is ~1 +- 1e-3: its paper's clip (3e-4 / 4e-4); no dual clip (as verl)
+POLICY_LOSSES.register("gspo")(PolicyLoss(gspo, defaults={"clip_low": 3e-4, "clip_high": 4e-4}))
+# StepPO: the GSPO ratio per agent step, seq-mean-token-mean; verl's default clip (0.2), which the
+# seed's scripts do not override
+POLICY_LOSSES.register("steppo")(PolicyLoss(gspo, forced=STEP_AGG))
+# PSPO (PaperScout's script): StepPO with clip 3e-4 / 4e-4 and clip_ratio_c 10
 POLICY_LOSSES.register("pspo")(
-    PolicyLoss(
-        gspo, agg="seq-mean-token-mean", defaults={"clip_low": 3e-4, "clip_high": 4e-4, "clip_c": 10.0}
-    )
+    PolicyLoss(gspo, defaults={"clip_low": 3e-4, "clip_high": 4e-4, "clip_c": 10.0}, forced=STEP_AGG)
 )
 POLICY_LOSSES.register("reinforce")(PolicyLoss(reinforce))
-POLICY_LOSSES.register("grpo")(PolicyLoss(ppo_clip))
-POLICY_LOSSES.register("opd")(PolicyLoss(ppo_clip))
-POLICY_LOSSES.register("sft")(PolicyLoss(nll, agg="token-mean"))
+POLICY_LOSSES.register("grpo")(PolicyLoss(ppo_clip, defaults={"clip_high": 0.28}))  # DAPO's clip-higher
+POLICY_LOSSES.register("opd")(PolicyLoss(ppo_clip))  # advantages from the `opd` estimator
+POLICY_LOSSES.register("sft")(PolicyLoss(nll, forced={"agg": "token-mean"}))
 
 
-def resolved_agg(name: str, cfg: LossConfig) -> str:
-    """The aggregation mode loss ``name`` uses: its forced mode (StepPO/PSPO), else ``cfg.agg``."""
-    return POLICY_LOSSES.get(name).agg or cfg.agg
+class LossSettingConflict(ValueError):
+    """A config sets what the chosen loss forces to another value."""
+
+
+def resolve_loss_settings(name: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The loss's settings for a config that sets ``given``: its defaults fill what ``given``
+    leaves unset, ``given`` wins, and ``given`` contradicting a forced setting raises, naming both."""
+    spec = POLICY_LOSSES.get(name)
+    for key, value in spec.forced.items():
+        if key in given and given[key] != value:
+            raise LossSettingConflict(
+                f"algorithm.policy.{key}={given[key]} conflicts with algorithm.loss={name}, which "
+                f"requires {key}={value} (drop the setting or choose another loss)"
+            )
+    return {**spec.defaults, **given, **spec.forced}
 
 
 def loss_config(name: str, **overrides: Any) -> LossConfig:
-    """The loss's defaults (e.g. PSPO's tight clip) with ``overrides`` on top."""
-    return LossConfig(**{**POLICY_LOSSES.get(name).defaults, **overrides})
+    """The loss's settings with ``overrides`` on top (see ``resolve_loss_settings``), complete."""
+    return complete(name, LossConfig(**resolve_loss_settings(name, overrides)))
+
+
+def complete(name: str, cfg: LossConfig) -> LossConfig:
+    """``cfg`` with every unset (None) setting filled: the loss's own, else ``BASE_SETTINGS``."""
+    spec = POLICY_LOSSES.get(name)
+    own = {**BASE_SETTINGS, **spec.defaults, **spec.forced}
+    unset = {k: v for k, v in own.items() if getattr(cfg, k) is None}
+    return dataclasses.replace(cfg, **unset) if unset else cfg
 
 
 def policy_loss(
     name: str, x: LossInputs, cfg: LossConfig | None = None, denom: float | None = None
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Scalar loss to minimise and its metrics. OPD derives its advantages from the teacher:
-    A_t = -clamp(logpi_old - logpi_teacher, +-c)."""
+    """Scalar loss to minimise and its metrics (``cfg``: resolved settings, default the loss's own)."""
     spec = POLICY_LOSSES.get(name)
-    cfg = cfg or loss_config(name)
-    adv = x.advantages
-    if name == "opd":
-        if x.teacher_logprobs is None:
-            raise ValueError("policy loss 'opd' needs teacher_logprobs")
-        adv = -(x.old_logprobs - x.teacher_logprobs).clamp(-cfg.opd_clamp, cfg.opd_clamp)
-    adv = torch.where(x.mask, adv, torch.zeros_like(adv)).detach()
+    cfg = complete(name, cfg) if cfg is not None else loss_config(name)
+    adv = torch.where(x.mask, x.advantages, torch.zeros_like(x.advantages)).detach()
     metrics: dict[str, float] = {}
     if x.rollout_logprobs is not None:
         diff = (x.old_logprobs - x.rollout_logprobs).detach()
@@ -226,7 +257,7 @@ def policy_loss(
         w = torch.exp((x.old_logprobs - x.rollout_logprobs).clamp(-20, 20)).clamp(max=cfg.tis_cap).detach()
         pg = pg * w
         metrics["tis/weight_mean"] = _masked_mean(w, x.mask)
-    agg = resolved_agg(name, cfg)
+    agg = cfg.agg
     loss = aggregate(pg, x.mask, x.seg, x.num_segments, agg, denom)
     metrics["loss/pg"] = float(loss.detach())
     if cfg.kl_coef:
@@ -262,5 +293,5 @@ __all__ = [
     "kl_penalty",
     "loss_config",
     "policy_loss",
-    "resolved_agg",
+    "resolve_loss_settings",
 ]

@@ -92,6 +92,7 @@ class AlgorithmConfig:
     epochs: int = 1  # passes over each iteration's records
     mini_batches: int = 1  # optimizer steps per epoch
     critic: bool = False  # train a value model (step GAE / token GAE)
+    reward_scaling: bool = False  # PSPO: rewards / running std of discounted step returns
     critic_lr: float = 1e-4
     reference: bool = False  # keep a frozen reference policy (needed when policy.kl_coef > 0)
     teacher: str | None = None  # OPD: HF folder of the teacher, served by its own rollout server
@@ -334,10 +335,25 @@ def _compose(overrides: list[str], config_name: str = "train") -> Any:
         GlobalHydra.instance().clear()
 
 
+def _resolve_policy(plain: dict[str, Any]) -> None:
+    """``algorithm.policy`` from one source: the loss's registry settings fill what the config
+    leaves unset, what the config sets wins, a clash with what the loss forces is an error."""
+    from agent_r1.algos.losses import BASE_SETTINGS, POLICY_LOSSES, resolve_loss_settings
+
+    alg = plain.get("algorithm")
+    if not isinstance(alg, dict):
+        alg = plain["algorithm"] = {}
+    name = alg.get("loss", AlgorithmConfig.loss)
+    if name in POLICY_LOSSES:  # an unknown loss is reported by AlgorithmConfig with the known ones
+        given = {k: v for k, v in (alg.get("policy") or {}).items() if v is not None}  # None = unset
+        alg["policy"] = {**BASE_SETTINGS, **resolve_loss_settings(name, given)}
+
+
 def validate(raw: Any) -> TrainConfig:
     """Typed, validated config from a composed one; unknown keys and bad values name the key."""
     try:
         plain = OmegaConf.to_container(raw, resolve=True) if OmegaConf.is_config(raw) else raw
+        _resolve_policy(plain)
         merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), plain)  # unknown keys fail here
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:

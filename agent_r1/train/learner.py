@@ -21,8 +21,9 @@ import torch
 import torch.distributed as dist
 
 from agent_r1.algos.advantages import ADVANTAGES, compute_advantages
-from agent_r1.algos.losses import loss_config, resolved_agg
+from agent_r1.algos.losses import loss_config
 from agent_r1.algos.reduce import TorchReducer
+from agent_r1.algos.rewards import RunningReturnStd
 from agent_r1.learner.actor import Actor, PolicyTargets
 from agent_r1.learner.batch import LearnerBatch, drop_nonfinite
 from agent_r1.learner.critic import Critic
@@ -64,6 +65,9 @@ class Learner:
             else None
         )
         self.dropped = 0  # trajectories of the last read with non-finite logprobs or rewards
+        # PSPO's optional reward scaling; its running moments are part of the trainer state
+        a = cfg.algorithm
+        self.reward_scaler = RunningReturnStd(gamma=a.estimator.gamma) if a.reward_scaling else None
 
     # ---- data-parallel layout -------------------------------------------------------------------
     @property
@@ -140,12 +144,17 @@ class Learner:
         step returns (or None), metrics."""
         a = self.cfg.algorithm
         inputs = b.inputs
+        metrics: dict[str, float] = {}
+        if self.reward_scaler is not None:  # r / running std of discounted step returns (over DP)
+            inputs.reward = self.reward_scaler.scale(inputs.reward, inputs.traj, TorchReducer(self.dp_group))
+            s = self.reward_scaler
+            metrics["reward/scaling_std"] = (s.m2 / s.count) ** 0.5 if s.count else 0.0
         if values is not None:
             inputs.value = values.to("cpu", torch.float64)
             if inputs.tokens is not None:  # token-level estimators: a step's value for each of its tokens
                 inputs.tokens.values = b.per_token(values).to("cpu", torch.float64)
         adv = compute_advantages(a.advantage, inputs, a.estimator, TorchReducer(self.dp_group))
-        metrics = {f"adv/{k}": v for k, v in adv.metrics.items()}
+        metrics.update({f"adv/{k}": v for k, v in adv.metrics.items()})
         if adv.token_adv is not None:
             per_token = adv.token_adv.to(self.device, torch.float32)
         else:
@@ -178,7 +187,7 @@ class Learner:
         if self.last_stage:
             adv, returns, metrics = self._advantages(b, values)
             targets = PolicyTargets(adv, None, ref, b.rollout_logprobs, b.teacher_logprobs)
-        agg = resolved_agg(a.loss, a.policy)
+        agg = a.policy.agg
         step_metrics = []
         show = self.cfg.trainer.progress and dist.get_rank() == 0
         for i, sel in enumerate(Progress(plan, desc=f"train {iteration}", unit="step", enabled=show)):
@@ -267,6 +276,12 @@ class Learner:
         for part in parts:
             out.update(part)
         return out
+
+    def reward_scaling_state(self) -> dict[str, float] | None:
+        """The reward scaler's running moments (kept by the last pipeline stage), on every rank."""
+        if self.reward_scaler is None:
+            return None
+        return self._from_last_stage([self.reward_scaler.state_dict() if self.last_stage else None])[0]
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def save(self, path, trainer_state: dict[str, Any]) -> None:

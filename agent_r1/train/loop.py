@@ -117,6 +117,8 @@ class Trainer:
                 dist.barrier()
                 continue
             self.wall_before = self.state["wall_seconds"]
+            if self.learner.reward_scaler is not None and self.state.get("reward_scaling"):
+                self.learner.reward_scaler.load_state_dict(self.state["reward_scaling"])
             log.info(
                 "resumed from %s (iteration %d, version %d)",
                 ckpt,
@@ -225,6 +227,7 @@ class Trainer:
 
     def checkpoint(self, iteration: int) -> None:
         self.state["iteration"] = iteration
+        self.state["reward_scaling"] = self.learner.reward_scaling_state()
         self.state["wall_seconds"] = self.wall()
         self.learner.save(checkpoint_path(self.rd, iteration), dict(self.state))
         if self.rank == 0:  # keep the newest K

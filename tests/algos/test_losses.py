@@ -78,12 +78,9 @@ def test_reinforce_and_opd():
     x = inputs([-1.0, -2.0], [-1.0, -2.0], [0.5, -1.0], [1, 1], [0, 0])
     loss, _ = policy_loss("reinforce", x)
     assert float(loss.detach()) == pytest.approx((0.5 * 1.0 + -1.0 * 2.0) / 2)
-    y = inputs([-1.0, -2.0], [-1.0, -2.0], [0.0, 0.0], [1, 1], [0, 0], teacher_logprobs=[-0.5, -30.0])
-    loss, _ = policy_loss("opd", y)
-    # A = -(old - teacher) clamped: [0.5, -10]; ratio 1 -> loss = mean(-A)
-    assert float(loss.detach()) == pytest.approx((-0.5 + 10.0) / 2)
-    with pytest.raises(ValueError, match="teacher_logprobs"):
-        policy_loss("opd", x)
+    # OPD's advantages come from the `opd` estimator (one place, one clamp); its loss is the PPO clip
+    y = inputs([-1.0, -2.0], [-1.1, -2.0], [0.5, -10.0], [1, 1], [0, 0], teacher_logprobs=[-0.5, -30.0])
+    assert float(policy_loss("opd", y)[0]) == pytest.approx(float(policy_loss("ppo", y)[0]))
 
 
 def test_kl_estimators_and_entropy():
@@ -165,7 +162,7 @@ def test_property_against_loop_reference(seed, name, agg):
     adv = rng.normal(0, 1, n).tolist()
     mask = (rng.random(n) > 0.2).tolist()
     x = inputs(lp, old, adv, mask, seg)
-    got, _ = policy_loss(name, x, LossConfig(agg=agg))
+    got, _ = policy_loss(name, x, LossConfig(clip_low=0.2, clip_high=0.2, clip_c=3.0, agg=agg))
     assert float(got) == pytest.approx(ref_loss(name, lp, old, adv, mask, seg, agg), rel=1e-10, abs=1e-12)
 
 

@@ -80,11 +80,32 @@ def test_steppo_async_two_iterations(tiny_model_dir, tmp_path):
 
 
 def test_pspo_two_iterations_two_learner_ranks(tiny_model_dir, tmp_path):
+    """PSPO as the seed defines it (critic, reference + k3 KL, tight clip) with reward scaling, on
+    two data-parallel ranks; the scaler's running moments are checkpointed and resumed."""
     run = tmp_path / "pspo"
-    r = train(reduced(tiny_model_dir, run, "algorithm=pspo", "parallel=cpu_dp2", "rollout.workers=2"))
+    args = reduced(
+        tiny_model_dir,
+        run,
+        "algorithm=pspo",
+        "algorithm.reward_scaling=true",
+        "parallel=cpu_dp2",
+        "rollout.workers=2",
+    )
+    r = train(args)
     check_finished(r, run, 2)
-    check_events(run, 2)
+    scalars = check_events(run, 2)
     assert len(manifest(run, 0)["shards"]) == 2  # one shard per worker
+    assert "loss/kl" in scalars and "critic/value_loss" in scalars and "reward/scaling_std" in scalars
+
+    def moments(it):
+        state = json.loads((run / "checkpoints" / f"iter_{it:06d}" / "agent_r1_state.json").read_text())
+        return state["trainer"]["reward_scaling"]
+
+    first = moments(1)
+    assert first["count"] == sum(manifest(run, it)["rows"] for it in range(2))  # every step, both ranks
+    r = train([*args, "trainer.iterations=3"])
+    check_finished(r, run, 3)
+    assert moments(2)["count"] == first["count"] + manifest(run, 2)["rows"]  # resumed, not restarted
 
 
 def test_opd_with_teacher_server(tiny_model_dir, teacher_dir, tmp_path):
