@@ -184,12 +184,24 @@ class RolloutConfig:
 
 
 @dataclass
+class DataConfig:
+    """Rows from parquet files of data rows (``agent-r1 data`` writes them) instead of the
+    recipe's generator or loader; the recipe still provides the agents, tools and rewards."""
+
+    train_files: list[str] = field(default_factory=list)
+    test_files: list[str] = field(default_factory=list)
+    shared_file_ok: bool = False  # allow train and test to read the same file (a warning then)
+
+
+@dataclass
 class RecipeConfig:
     name: str = "arithmetic_tool"
     train_size: int = 512
     test_size: int = 64
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)  # extra build_rows arguments (e.g. difficulty)
+    train_path: str | None = None  # the public dataset's own train file (recipes that read one)
+    test_path: str | None = None  # ... and its held-out file
 
     def __post_init__(self) -> None:
         from recipes import RECIPES
@@ -304,6 +316,7 @@ class TrainConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)

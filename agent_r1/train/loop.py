@@ -171,9 +171,11 @@ class Trainer:
         from recipes import load_all, load_recipe
 
         load_all()
+        from agent_r1.train.rows import split_rows
+
         r, rc = self.cfg.recipe, self.cfg.rollout
         recipe = load_recipe(r.name)
-        rows = recipe.build_rows(split="train", num=r.train_size, seed=r.seed, **r.options)
+        rows = split_rows(self.cfg, "train")
         rows = (rows * (self.cfg.sft.demos // len(rows) + 1))[: self.cfg.sft.demos]
         flow = FlowConfig(
             max_steps=rc.max_steps, max_obs_tokens=rc.max_obs_tokens, max_action_tokens=rc.max_action_tokens

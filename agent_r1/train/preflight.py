@@ -102,21 +102,23 @@ def data_problems(cfg: TrainConfig) -> list[str]:
 
     from agent_r1.agent.chat import ChatCodec
     from agent_r1.agent.flow import FlowConfig
-    from recipes import load_all, load_recipe
+    from agent_r1.data.rows import RowError
+    from agent_r1.train.rows import shared_file_problems, split_rows
 
-    load_all()
     r = cfg.recipe
-    recipe = load_recipe(r.name)
     codec = ChatCodec(AutoTokenizer.from_pretrained(cfg.model.path))
     flow_cfg = FlowConfig(
         max_steps=cfg.rollout.max_steps,
         max_obs_tokens=cfg.rollout.max_obs_tokens,
         max_action_tokens=cfg.rollout.max_action_tokens,
     )
-    out: list[str] = []
-    for split, num in (("train", r.train_size), ("test", r.test_size)):
+    out: list[str] = shared_file_problems(cfg)
+    for split in ("train", "test"):
         try:
-            rows = recipe.build_rows(split=split, num=min(num, ROWS_CHECKED), seed=r.seed, **r.options)
+            rows = split_rows(cfg, split)[:ROWS_CHECKED]
+        except RowError as e:  # too few rows, a malformed file: named by the loader
+            out.append(str(e))
+            continue
         except (TypeError, ValueError, KeyError, OSError) as e:
             out.append(
                 f"recipe {r.name} ({split} split, recipe.options={r.options}): {type(e).__name__}: {e}"

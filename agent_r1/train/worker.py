@@ -81,9 +81,9 @@ class Worker:
 
     def rows(self, split: str) -> list[Any]:
         if split not in self._rows:
-            r = self.cfg.recipe
-            num = r.train_size if split == "train" else r.test_size
-            self._rows[split] = self.recipe.build_rows(split=split, num=num, seed=r.seed, **r.options)
+            from agent_r1.train.rows import split_rows
+
+            self._rows[split] = split_rows(self.cfg, split)
         return self._rows[split]
 
     def serve_forever(self, poll_s: float = 0.05) -> None:

@@ -1,6 +1,7 @@
 """GSM8K rows. Reads the public layout (``{"question", "answer": "... #### N"}`` as jsonl or
-parquet) when the user has a copy; ships 22 hand-written GSM8K-style problems (``problems.jsonl``)
-for tests and demos, since no GSM8K copy is available offline.
+parquet: the dataset's ``train`` and ``test`` files, given as ``recipe.train_path`` /
+``recipe.test_path``); without them, 22 hand-written GSM8K-style problems (``problems.jsonl``) for
+tests and demos, split into 16 train and 6 test problems (no GSM8K copy is available offline).
 """
 
 from __future__ import annotations
@@ -54,11 +55,32 @@ def to_row(
     )
 
 
+SAMPLE_TRAIN = 16  # the sample's first 16 problems train, the other 6 are held out
+
+
+def problems_for(split: str, num: int | None, path: str | None) -> list[dict[str, Any]]:
+    """``num`` problems of ``split`` from ``path`` (the split's own file) or from the sample (its
+    split's disjoint part); asking for more than there are is an error naming the file and both
+    counts."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be train or test, got {split!r}")
+    if path:
+        problems, source = read_gsm8k(path), str(path)
+    else:
+        sample = read_gsm8k(SAMPLE)
+        problems = sample[:SAMPLE_TRAIN] if split == "train" else sample[SAMPLE_TRAIN:]
+        source = f"{SAMPLE} ({split} part; pass recipe.{split}_path for the real dataset)"
+    if num is not None and num > len(problems):
+        raise RowError(
+            f"{source}: {len(problems)} {split} problems, but {num} were asked for (recipe.{split}_size)"
+        )
+    return problems[:num]
+
+
 def build_rows(
     split: str = "train", num: int | None = None, seed: int = 0, path: str | None = None
 ) -> list[DataRow]:
-    problems = read_gsm8k(path or SAMPLE)
-    return [to_row(p, AGENT, None, split) for p in problems[:num]]
+    return [to_row(p, AGENT, None, split) for p in problems_for(split, num, path)]
 
 
 def corpus(num: int = 0, seed: int = 0) -> list[str]:
