@@ -155,6 +155,26 @@ def _data(a: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(a: argparse.Namespace) -> int:
+    from agent_r1.evaluate import run_eval
+
+    if sum(x is not None for x in (a.model, a.run, a.url)) != 1:
+        print("agent-r1 eval: give exactly one of --model, --run, --url", file=sys.stderr)
+        return 2
+    setup_logging("eval")
+    m = run_eval(a)
+    lo, hi = m["success_ci95"]
+    passes = " ".join(f"pass@{k} {v:.3f}" for k, v in m["pass_at_k"].items())
+    print(
+        f"eval {m['data']}: success {m['success']:.3f} [{lo:.3f}, {hi:.3f}] over {m['episodes']} episodes"
+        f" ({m['prompts']} prompts x {m['samples_per_prompt']}); {passes}; reward {m['reward']:.3f};"
+        f" steps {m['steps_per_episode']:.2f} tools {m['tool_calls_per_episode']:.2f}\n"
+        f"metrics:  {a.out}/metrics.json\nepisodes: {a.out}/records",
+        flush=True,
+    )
+    return 0
+
+
 def _serve(a: argparse.Namespace) -> int:
     from agent_r1.rollout.server import serve
 
@@ -310,6 +330,34 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", required=True)
     d.set_defaults(fn=_data)
+
+    ev = sub.add_parser("eval", help="evaluate a model, a run's checkpoint or a server on a held-out split")
+    ev.add_argument("--model", help="an HF model folder")
+    ev.add_argument(
+        "--run", help="a run directory: its newest (or --iteration) checkpoint, the trainer's eval settings"
+    )
+    ev.add_argument("--iteration", type=int, default=None, help="with --run: this iteration's checkpoint")
+    ev.add_argument("--url", help="a running server or sglang-router (needs --tokenizer)")
+    ev.add_argument("--tokenizer", help="HF folder of the tokenizer (default: the model's)")
+    ev.add_argument("--api-key", default=None, help="the server's API key (with --url)")
+    ev.add_argument("--recipe", default=None, choices=RECIPES)
+    ev.add_argument("--split", default=None, help="default test")
+    ev.add_argument("--data", help="a parquet file of data rows instead of a recipe")
+    ev.add_argument("--num", type=int, default=None, help="prompts (default: the run's test_size, else 64)")
+    ev.add_argument("--n", type=int, default=1, help="samples per prompt (pass@k for k <= n)")
+    ev.add_argument(
+        "--temperature", type=float, default=None, help="default: the run's eval temperature, else 0"
+    )
+    ev.add_argument("--top-p", type=float, default=None)
+    ev.add_argument("--seed", type=int, default=None)
+    ev.add_argument("--max-steps", type=int, default=None)
+    ev.add_argument("--max-obs-tokens", type=int, default=None)
+    ev.add_argument("--max-action-tokens", type=int, default=None)
+    ev.add_argument("--max-len", type=int, default=None, help="the embedded server's context length")
+    ev.add_argument("--dtype", default=None, choices=["float32", "bfloat16"])
+    ev.add_argument("--out", default="eval_out", help="metrics.json and the episodes' records go here")
+    ev.add_argument("--no-progress", action="store_true")
+    ev.set_defaults(fn=_eval)
 
     sv = sub.add_parser("serve", help="the embedded rollout engine behind SGLang's HTTP API")
     sv.add_argument("--model", required=True, help="HF model folder")

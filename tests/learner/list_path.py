@@ -17,7 +17,7 @@ import pyarrow as pa
 import torch
 
 from agent_r1.algos.advantages import ADVANTAGES, compute_advantages
-from agent_r1.algos.losses import POLICY_LOSSES, LossInputs, policy_loss
+from agent_r1.algos.losses import LossInputs, policy_loss
 from agent_r1.algos.reduce import TorchReducer
 from agent_r1.learner.packing import Packed
 from agent_r1.learner.step_inputs import to_step_inputs
@@ -214,7 +214,7 @@ def train_step(
             ref_logprobs=per_token(ref), rollout_logprobs=per_token(rollout), entropy=ent,
             teacher_logprobs=per_token(teacher),
         )  # fmt: skip
-        agg = POLICY_LOSSES.get(loss_name).agg or cfg.agg
+        agg = cfg.agg  # resolved by the config (a loss's forced aggregation included)
         loss, m = policy_loss(
             loss_name, x, cfg, denom=float(n_tokens) if agg == "token-mean" else float(n_steps)
         )

@@ -1,0 +1,85 @@
+"""`agent-r1 eval`: pass@k and intervals against hand-worked values, a run's checkpoint evaluated
+exactly as the trainer evaluated it, and a sampled evaluation with pass@k."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from train_checks import check_finished, reduced, train
+
+from agent_r1.evaluate import pass_at_k, wilson
+from agent_r1.records.reader import RecordStore
+
+
+@pytest.mark.parametrize("n,c", [(1, 0), (1, 1), (4, 1), (5, 2), (8, 3), (6, 6)])
+def test_pass_at_k_is_the_chance_a_random_k_subset_holds_a_success(n, c):
+    outcomes = [1] * c + [0] * (n - c)
+    for k in range(1, n + 1):
+        subsets = list(itertools.combinations(range(n), k))
+        brute = sum(any(outcomes[i] for i in s) for s in subsets) / len(subsets)
+        assert pass_at_k(n, c, k) == pytest.approx(brute)
+    with pytest.raises(ValueError):
+        pass_at_k(3, 4, 1)
+
+
+def test_wilson_interval_by_hand():
+    lo, hi = wilson(0, 10)  # 0 of 10: [0, z^2 / (n + z^2)]
+    assert lo == 0.0 and hi == pytest.approx(1.96**2 / (10 + 1.96**2))
+    lo, hi = wilson(5, 10)
+    assert (lo + hi) / 2 == pytest.approx(0.5) and hi - lo == pytest.approx(
+        2 * 1.96 * math.sqrt(0.025 + 1.96**2 / 400) / (1 + 1.96**2 / 10)
+    )
+
+
+def _eval(*args: str) -> dict:
+    r = subprocess.run(
+        [sys.executable, "-m", "agent_r1.cli", "eval", "--no-progress", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return r
+
+
+def _episodes(table) -> dict[int, list[list[int]]]:
+    """trajectory (by its prompt index) -> the action tokens of its steps, in order."""
+    out: dict[int, list[list[int]]] = {}
+    rows = sorted(table.to_pylist(), key=lambda r: (r["trajectory_id"], r["step_index"]))
+    for r in rows:
+        p = int(r["trajectory_id"].split("-p")[-1].split("-s")[0])
+        out.setdefault(p, []).append(r["action_token_ids"])
+    return out
+
+
+def test_eval_of_a_run_reproduces_the_trainers_held_out_episodes(tiny_model_dir, tmp_path):
+    run = tmp_path / "run"
+    check_finished(train(reduced(tiny_model_dir, run, "recipe.test_size=8")), run, 2)
+    out = tmp_path / "eval"
+    r = _eval("--run", str(run), "--out", str(out))
+    metrics = json.loads((out / "metrics.json").read_text())
+    summary = json.loads((run / "summary.json").read_text())
+    assert metrics["success"] == summary["eval_success_end"] and metrics["episodes"] == 8
+    assert f"success {metrics['success']:.3f}" in r.stdout
+    # token for token what the trainer's last evaluation generated (greedy, same checkpoint)
+    trainer = RecordStore(run / "eval_records").read(2)
+    mine = RecordStore(out / "records").read(0)
+    assert _episodes(mine) == _episodes(trainer)
+    assert metrics["model"].endswith("iter_000001")
+
+
+def test_sampled_eval_reports_pass_at_k(tiny_model_dir, tmp_path):
+    out = tmp_path / "sampled"
+    _eval("--model", str(tiny_model_dir), "--recipe", "arithmetic_tool", "--num", "3", "--n", "4",
+          "--temperature", "1.0", "--max-steps", "2", "--max-action-tokens", "24", "--out", str(out))  # fmt: skip
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["episodes"] == 12 and m["prompts"] == 3 and sorted(m["pass_at_k"]) == ["1", "2", "3", "4"]
+    p = [m["pass_at_k"][str(k)] for k in range(1, 5)]
+    assert p == sorted(p) and p[0] == pytest.approx(m["success"])  # pass@1 is the mean success
+    assert 0 <= m["success_ci95"][0] <= m["success"] <= m["success_ci95"][1] <= 1
+    assert RecordStore(out / "records").read(0).num_rows >= 12
