@@ -81,39 +81,6 @@ def _rollout(a: argparse.Namespace) -> int:
     return 0
 
 
-def _start_embedded_server(model: str, max_len: int):
-    """``agent-r1 serve`` on a free loopback port, as its own process (like an SGLang server)."""
-    import subprocess
-    import tempfile
-    import time
-
-    ready = Path(tempfile.mkdtemp(prefix="agent_r1_")) / "server.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "agent_r1.cli",
-        "serve",
-        "--model",
-        model,
-        "--port",
-        "0",
-        "--max-len",
-        str(max_len),
-        "--ready-file",
-        str(ready),
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while not ready.exists():
-        if proc.poll() is not None:
-            raise SystemExit(f"embedded server failed to start: {proc.stderr.read()[-2000:]}")
-        if time.time() > deadline:
-            proc.kill()
-            raise SystemExit("embedded server did not start within 300 s")
-        time.sleep(0.1)
-    return proc, json.loads(ready.read_text())["url"]
-
-
 async def _run_with_engine(a: argparse.Namespace, rows, codec, config):
     """Episodes through the chosen engine: ``embedded`` = an `agent-r1 serve` process on a free loopback
     port behind the same HTTP client used for SGLang; ``hf`` = the transformers reference; a URL =
@@ -129,7 +96,9 @@ async def _run_with_engine(a: argparse.Namespace, rows, codec, config):
         )
     proc = None
     if a.engine == "embedded":
-        proc, url = _start_embedded_server(a.model, a.max_obs_tokens + a.max_action_tokens)
+        from agent_r1.evaluate import start_server
+
+        proc, url = start_server(a.model, a.max_obs_tokens + a.max_action_tokens, "float32", None)
         client = RolloutClient(servers=[url])
     elif a.engine.startswith("router="):
         client = RolloutClient(router=a.engine.split("=", 1)[1])

@@ -7,19 +7,9 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
-from train_checks import check_finished, ledger, manifest, reduced, start_train, train
-
-
-def _wait_for(cond, timeout: float, what: str) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+from train_checks import check_finished, ledger, manifest, reduced, start_train, train, wait_for
 
 
 def _processes_of(run: Path) -> list[tuple[int, str]]:
@@ -50,7 +40,7 @@ def test_only_server_killed_mid_rollout_run_finishes(tiny_model_dir, tmp_path):
     p = start_train(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         prog = run / "control" / "tasks" / "train_000000.w0.progress"
-        _wait_for(prog.exists, 300, "the first rollout under way")
+        wait_for(prog.exists, 300, "the first rollout under way")
         os.kill(_role_pid(run, "server_0"), signal.SIGKILL)
         out, _ = p.communicate(timeout=300)
     finally:
@@ -70,11 +60,11 @@ def test_killed_launcher_leaves_no_process_and_the_same_command_resumes(tiny_mod
     args = reduced(tiny_model_dir, run, "trainer.iterations=3")
     p = start_train(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_for(lambda: (run / "ledger.jsonl").exists() and ledger(run), 300, "iteration 0 trained")
+        wait_for(lambda: (run / "ledger.jsonl").exists() and ledger(run), 300, "iteration 0 trained")
         assert len(_processes_of(run)) >= 3  # launcher, server, worker, learner
         os.kill(p.pid, signal.SIGKILL)  # the launcher alone, as the OOM killer would
         p.wait(10)
-        _wait_for(lambda: not _processes_of(run), 10, f"the roles to die: {_processes_of(run)}")
+        wait_for(lambda: not _processes_of(run), 10, f"the roles to die: {_processes_of(run)}")
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
@@ -88,7 +78,7 @@ def test_second_launcher_on_a_live_run_refuses(tiny_model_dir, tmp_path):
     args = reduced(tiny_model_dir, run)
     p = start_train(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_for((run / "control" / "tasks" / "train_000000.json").exists, 300, "the first task")
+        wait_for((run / "control" / "tasks" / "train_000000.json").exists, 300, "the first task")
         config_before = (run / "config.yaml").read_text()
         r = train(args, timeout=120)
         assert r.returncode == 2
@@ -133,7 +123,7 @@ def test_router_in_front_of_the_servers_and_a_restarted_server_rejoins(tiny_mode
     )
     p = start_train(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        _wait_for((run / "control" / "tasks" / "train_000000.w0.progress").exists, 300, "the first rollout")
+        wait_for((run / "control" / "tasks" / "train_000000.w0.progress").exists, 300, "the first rollout")
         router = json.loads((run / "control" / "router.json").read_text())["url"]
         os.kill(_role_pid(run, "server_0"), signal.SIGKILL)
         out, _ = p.communicate(timeout=300)

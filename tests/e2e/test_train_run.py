@@ -22,6 +22,7 @@ from train_checks import (
     reduced,
     start_train,
     train,
+    wait_for,
 )
 
 
@@ -121,22 +122,13 @@ def test_opd_with_teacher_server(tiny_model_dir, teacher_dir, tmp_path):
     assert (run / "logs" / "teacher_0.log").exists()
 
 
-def _wait_for(cond, timeout: float, what: str):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_kill_whole_run_then_resume(tiny_model_dir, tmp_path):
     run = tmp_path / "resume"
     args = reduced(tiny_model_dir, run, "trainer.iterations=4", "trainer.eval_every=2")
     p = start_train(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         # kill -9 everything once iteration 2's records are committed but before it is trained
-        _wait_for(lambda: (run / "records" / "iter_000002" / "manifest.json").exists(), 300, "iteration 2")
+        wait_for(lambda: (run / "records" / "iter_000002" / "manifest.json").exists(), 300, "iteration 2")
         os.killpg(p.pid, signal.SIGKILL)
     finally:
         p.wait(30)
@@ -154,7 +146,7 @@ def _run_until(args, ready, what, act, timeout: float = 300) -> tuple[int, str]:
     """Start `agent-r1 train`, wait for ``ready()``, then ``act(popen)``: its exit code and output."""
     p = start_train(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        _wait_for(ready, 300, what)
+        wait_for(ready, 300, what)
         act(p)
         out, _ = p.communicate(timeout=timeout)
     finally:

@@ -115,3 +115,15 @@ def start_train(args: list[str], **popen) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "agent_r1.cli", "train", *args], start_new_session=True, **popen
     )
+
+
+def wait_for(cond, timeout: float, what: str) -> None:
+    """Poll ``cond()`` every 50 ms until true; fail naming ``what`` after ``timeout`` seconds."""
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -312,29 +312,35 @@ def _post(url: str, body: dict, timeout: float = 600) -> dict:
         return json.loads(r.read())
 
 
+def _serve(c: Ctx, device: str, *extra: str) -> tuple[subprocess.Popen, str]:
+    """``agent-r1 serve`` of the check's model on ``device``, once it answers /health."""
+    port = _port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "agent_r1.cli", "serve", "--model", str(c.model_dir), "--port", str(port),
+         "--dtype", c.dtype, "--device", device, *extra],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=5)
+            return server, url
+        except OSError:
+            if time.time() > deadline or server.poll() is not None:
+                server.kill()
+                raise RuntimeError("agent-r1 serve did not come up") from None
+            time.sleep(1)
+
+
 @check
 def weight_push_ipc(c: Ctx) -> dict:
     from safetensors.torch import save_file
 
     from agent_r1.rollout.weight_sync import push_weights_ipc
 
-    port = _port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "agent_r1.cli", "serve", "--model", str(c.model_dir), "--port", str(port),
-         "--dtype", c.dtype, "--device", str(c.device), "--weight-ipc"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+    server, url = _serve(c, str(c.device), "--weight-ipc")
     try:
-        deadline = time.time() + 300
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=5)
-                break
-            except OSError:
-                if time.time() > deadline or server.poll() is not None:
-                    raise RuntimeError("agent-r1 serve did not come up") from None
-                time.sleep(1)
         from transformers import AutoModelForCausalLM
 
         hf = AutoModelForCausalLM.from_pretrained(c.model_dir, dtype=getattr(torch, c.dtype)).to(c.device)
@@ -384,23 +390,8 @@ def weight_push_group(c: Ctx) -> dict:
     two = c.device.type == "cuda" and torch.cuda.device_count() >= 2
     backend = group_backend(two)
     server_device = "cuda:1" if two else str(c.device)
-    port = _port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "agent_r1.cli", "serve", "--model", str(c.model_dir), "--port", str(port),
-         "--dtype", c.dtype, "--device", server_device, "--strict"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+    server, url = _serve(c, server_device, "--strict")
     try:
-        deadline = time.time() + 300
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=5)
-                break
-            except OSError:
-                if time.time() > deadline or server.poll() is not None:
-                    raise RuntimeError("agent-r1 serve did not come up") from None
-                time.sleep(1)
         from transformers import AutoModelForCausalLM
 
         hf = AutoModelForCausalLM.from_pretrained(c.model_dir, dtype=getattr(torch, c.dtype)).to(c.device)
