@@ -144,6 +144,22 @@ def _eval(a: argparse.Namespace) -> int:
     return 0
 
 
+def _export(a: argparse.Namespace) -> int:
+    from agent_r1.evaluate import export_checkpoint, newest_checkpoint
+    from agent_r1.train.config import from_yaml
+
+    setup_logging("export")
+    run = Path(a.run_dir)
+    cfg = from_yaml(run / "config.yaml")
+    ckpt = newest_checkpoint(run, a.iteration)
+    out = export_checkpoint(ckpt, Path(cfg.model.path), Path(a.out), a.dtype)
+    print(
+        f"exported {ckpt} -> {out} ({a.dtype or 'float32'}); serve it: agent-r1 serve --model {out}",
+        flush=True,
+    )
+    return 0
+
+
 def _serve(a: argparse.Namespace) -> int:
     from agent_r1.rollout.server import serve
 
@@ -327,6 +343,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", default="eval_out", help="metrics.json and the episodes' records go here")
     ev.add_argument("--no-progress", action="store_true")
     ev.set_defaults(fn=_eval)
+
+    ex = sub.add_parser("export", help="a run's checkpoint (any TP/PP) -> an HF folder with its tokenizer")
+    ex.add_argument("run_dir")
+    ex.add_argument("--iteration", type=int, default=None, help="default: the newest complete checkpoint")
+    ex.add_argument("--out", required=True)
+    ex.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    ex.set_defaults(fn=_export)
 
     sv = sub.add_parser("serve", help="the embedded rollout engine behind SGLang's HTTP API")
     sv.add_argument("--model", required=True, help="HF model folder")

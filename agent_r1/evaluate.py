@@ -119,15 +119,14 @@ def newest_checkpoint(run: Path, iteration: int | None) -> Path:
     return done[iteration]
 
 
-def export_checkpoint(ckpt: Path, hf_like: Path, out: Path) -> Path:
-    """A Megatron checkpoint -> an HF folder (``tools/convert_checkpoint.py`` in its own process)."""
+def export_checkpoint(ckpt: Path, hf_like: Path, out: Path, dtype: str | None = None) -> Path:
+    """A Megatron checkpoint of any TP/PP layout -> an HF folder with the tokenizer and chat template
+    of ``hf_like`` (``tools/convert_checkpoint.py`` in its own process), optionally cast to ``dtype``."""
     if (out / "model.safetensors").exists():
         return out
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "convert_checkpoint.py"), "megatron-to-hf",
-         "--ckpt", str(ckpt), "--hf", str(hf_like), "--out", str(out)],
-        capture_output=True, text=True,
-    )  # fmt: skip
+    cmd = [sys.executable, str(ROOT / "tools" / "convert_checkpoint.py"), "megatron-to-hf",
+           "--ckpt", str(ckpt), "--hf", str(hf_like), "--out", str(out)]  # fmt: skip
+    r = subprocess.run([*cmd, *(["--dtype", dtype] if dtype else [])], capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"exporting {ckpt} failed:\n{r.stderr[-3000:]}")
     return out

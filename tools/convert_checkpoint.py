@@ -48,8 +48,11 @@ def hf_to_megatron(hf: Path, out: Path, tp: int = 1, pp: int = 1) -> None:
     Actor(hf, BridgeConfig(tp=tp, pp=pp), OptimConfig(), trainable=False).save(out, with_optimizer=False)
 
 
-def megatron_to_hf(ckpt: Path, hf: Path, out: Path) -> None:
-    """Loads the checkpoint into a single-process (TP1, PP1) model and writes HF safetensors."""
+def megatron_to_hf(ckpt: Path, hf: Path, out: Path, dtype: str | None = None) -> None:
+    """Loads the checkpoint (any TP/PP layout: resharded on load) into a single-process (TP1, PP1)
+    model and writes HF safetensors, in ``dtype`` when given (config.json says so too)."""
+    import json
+
     from safetensors.torch import save_file
 
     from agent_r1.learner.actor import Actor
@@ -59,12 +62,20 @@ def megatron_to_hf(ckpt: Path, hf: Path, out: Path) -> None:
     _init(1, 1)
     actor = Actor(hf, BridgeConfig(), OptimConfig(), trainable=False)
     actor.load(ckpt, with_optimizer=False)
-    tensors = {n: t.contiguous() for n, t in actor.export_hf()}
+    cast = getattr(torch, dtype) if dtype else None
+    tensors = {
+        n: (t.to(cast) if cast is not None and t.is_floating_point() else t).contiguous()
+        for n, t in actor.export_hf()
+    }
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    for f in hf.iterdir():
+    for f in hf.iterdir():  # config, tokenizer, chat template, generation config
         if f.is_file() and not f.name.endswith(".safetensors") and not f.name.endswith(".index.json"):
             shutil.copy2(f, out / f.name)
+    if dtype:
+        cfg = json.loads((out / "config.json").read_text())
+        cfg["torch_dtype"] = cfg["dtype"] = dtype
+        (out / "config.json").write_text(json.dumps(cfg, indent=2))
 
 
 def main() -> None:
@@ -79,12 +90,13 @@ def main() -> None:
     b.add_argument("--ckpt", type=Path, required=True)
     b.add_argument("--hf", type=Path, required=True, help="HF folder giving the config and tokenizer")
     b.add_argument("--out", type=Path, required=True)
+    b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.cmd == "hf-to-megatron":
         hf_to_megatron(args.hf, args.out, args.tp, args.pp)
     else:
-        megatron_to_hf(args.ckpt, args.hf, args.out)
+        megatron_to_hf(args.ckpt, args.hf, args.out, args.dtype)
     print(f"wrote {args.out}")
     dist.destroy_process_group()
 

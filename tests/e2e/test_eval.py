@@ -57,9 +57,12 @@ def _episodes(table) -> dict[int, list[list[int]]]:
     return out
 
 
-def test_eval_of_a_run_reproduces_the_trainers_held_out_episodes(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("layout", [[], ["parallel.pp=2", "parallel.learner_ranks=2"]], ids=["tp1pp1", "pp2"])
+def test_eval_of_a_run_reproduces_the_trainers_held_out_episodes(tiny_model_dir, tmp_path, layout):
+    """The checkpoint (PP2: two stage files, resharded on export) exported to HF and served greedily
+    generates what the trainer's servers generated from the weights the learner pushed."""
     run = tmp_path / "run"
-    check_finished(train(reduced(tiny_model_dir, run, "recipe.test_size=8")), run, 2)
+    check_finished(train(reduced(tiny_model_dir, run, "recipe.test_size=8", *layout)), run, 2)
     out = tmp_path / "eval"
     r = _eval("--run", str(run), "--out", str(out))
     metrics = json.loads((out / "metrics.json").read_text())
@@ -83,3 +86,28 @@ def test_sampled_eval_reports_pass_at_k(tiny_model_dir, tmp_path):
     assert p == sorted(p) and p[0] == pytest.approx(m["success"])  # pass@1 is the mean success
     assert 0 <= m["success_ci95"][0] <= m["success"] <= m["success_ci95"][1] <= 1
     assert RecordStore(out / "records").read(0).num_rows >= 12
+
+
+def test_export_a_run_to_bfloat16_hf(tiny_model_dir, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run = tmp_path / "run"
+    check_finished(train(reduced(tiny_model_dir, run, "trainer.iterations=1")), run, 1)
+    out = tmp_path / "hf_bf16"
+    r = subprocess.run([sys.executable, "-m", "agent_r1.cli", "export", str(run), "--out", str(out), "--dtype", "bfloat16"],
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    tok = AutoTokenizer.from_pretrained(out)  # tokenizer and chat template travel with it
+    assert (
+        tok.chat_template and tok.chat_template == AutoTokenizer.from_pretrained(tiny_model_dir).chat_template
+    )
+    # the bfloat16 weights are the float32 export's, rounded
+    f32 = tmp_path / "hf_f32"
+    subprocess.run([sys.executable, "-m", "agent_r1.cli", "export", str(run), "--out", str(f32)], check=True,
+                   capture_output=True, timeout=300)  # fmt: skip
+    full = dict(AutoModelForCausalLM.from_pretrained(f32, dtype=torch.float32).named_parameters())
+    for name, p in model.named_parameters():
+        assert torch.equal(p, full[name].to(torch.bfloat16)), name
