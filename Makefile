@@ -13,7 +13,7 @@ install:
 tiny-model: install
 	@test -f $(TINY)/config.json || $(PY) tools/make_tiny_model.py --recipe arithmetic_tool --arch qwen3 --out $(TINY)
 
-# The quickstart: warm start + GRPO on the tiny model, all roles on this machine (~8 min on 2 cores).
+# The quickstart: warm start + GRPO on the tiny model, all roles on this machine (~4-5 min on 2 cores).
 # A finished run is not repeated (resume=auto); `make clean` or another trainer.run_dir starts afresh.
 run: install
 	$(VENV)/bin/agent-r1 train +experiment=quickstart $(ARGS)
