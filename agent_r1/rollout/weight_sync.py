@@ -90,7 +90,6 @@ class WeightUpdateGroup:
         self.device = (
             torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         )
-        self.last_push: dict[str, float] = {}  # bytes, seconds, GB/s of the last push
 
     async def init(self, timeout_s: float = 120.0) -> None:
         """Create the group: servers join over HTTP while this process joins as rank 0."""
@@ -151,7 +150,6 @@ class WeightUpdateGroup:
 
         t0 = time.perf_counter()
         all_buckets = list(buckets(named, bucket_bytes))
-        nbytes = sum(t.numel() * t.element_size() for b in all_buckets for _, t in b)
         for i, bucket in enumerate(all_buckets):
             body = {
                 "names": [n for n, _ in bucket],
@@ -185,13 +183,7 @@ class WeightUpdateGroup:
                 self._set_healthy(set(self.servers) - failed)
                 raise WeightSyncError(f"weight update (bucket {i + 1}/{len(all_buckets)}) failed on: {bad}")
         await self.verify(version)
-        seconds = time.perf_counter() - t0
-        self.last_push = {
-            "bytes": float(nbytes),
-            "seconds": seconds,
-            "gbps": nbytes / max(seconds, 1e-9) / 1e9,
-        }
-        return seconds
+        return time.perf_counter() - t0
 
     async def verify(self, version: int | str) -> None:
         answers = await asyncio.gather(

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_r1.data.rows import DataRow, RowError, load_rows
-from agent_r1.train.config import ConfigError, TrainConfig
+from agent_r1.train.config import TrainConfig
 
 log = logging.getLogger("agent_r1.rows")
 
@@ -58,6 +58,3 @@ def shared_file_problems(cfg: TrainConfig) -> list[str]:
         f"data: train and test read the same file(s) {shared}: held-out numbers would be training "
         "numbers (give each split its own file, or set data.shared_file_ok=true)"
     ]
-
-
-__all__ = ["ConfigError", "shared_file_problems", "split_rows", "split_size"]
