@@ -24,6 +24,10 @@ def _rollout(a: argparse.Namespace) -> int:
 
     log = setup_logging("rollout")
     load_all()
+    if a.index:
+        from agent_r1.retrieval import client as retrieval
+
+        retrieval.set_default(retrieval.LocalRetriever(retrieval.open_index(a.index)))
     if a.data:
         rows = load_rows(a.data, AGENTS)[: a.episodes]
     else:
@@ -280,6 +284,35 @@ def _role(a: argparse.Namespace) -> int:
     return run_role(a.role, a.run_dir, a.index)
 
 
+def _index_build(a: argparse.Namespace) -> int:
+    from agent_r1.retrieval.index import build_index
+
+    setup_logging("index")
+    if a.corpus:
+        passages, source = a.corpus, a.corpus
+    elif a.dataset:
+        from recipes.hotpotqa.loaders import dataset_passages
+
+        passages, source = dataset_passages(a.dataset), " ".join(a.dataset)
+    else:
+        from recipes import load_recipe
+
+        passages, source = (
+            load_recipe(a.recipe).passages(seed=a.seed),
+            f"recipe {a.recipe} seed {a.seed} files []",
+        )
+    meta = build_index(passages, a.out, dense=a.dense, source=source)
+    print(json.dumps(meta))
+    return 0
+
+
+def _retriever_serve(a: argparse.Namespace) -> int:
+    from agent_r1.retrieval.server import serve_retriever
+
+    setup_logging("retriever")
+    return serve_retriever(a.index, a.host, a.port, a.ready_file, _api_key(a), a.mode)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from recipes import RECIPES
 
@@ -294,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--recipe", default="arithmetic_tool", choices=RECIPES, help="generate rows from this recipe"
     )
     r.add_argument("--data", help="parquet data rows instead of --recipe")
+    r.add_argument("--index", help="the search tools' retrieval index (agent-r1 index build)")
     r.add_argument("--split", default="test")
     r.add_argument("--episodes", type=int, default=16, help="number of rows (prompts)")
     r.add_argument("--group-size", type=int, default=1, help="samples per prompt")
@@ -341,8 +375,37 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-len", type=int, default=None, help="the embedded server's context length")
     ev.add_argument("--dtype", default=None, choices=["float32", "bfloat16"])
     ev.add_argument("--out", default="eval_out", help="metrics.json and the episodes' records go here")
+    ev.add_argument(
+        "--index", default=None, help="the search tools' index (default: the run's retrieval.index)"
+    )
     ev.add_argument("--no-progress", action="store_true")
     ev.set_defaults(fn=_eval)
+
+    ix = sub.add_parser("index", help="retrieval indexes for search tools")
+    ixs = ix.add_subparsers(dest="index_command", required=True)
+    ib = ixs.add_parser("build", help="a passage corpus -> an index folder (bm25s; --dense adds MiniLM)")
+    src = ib.add_mutually_exclusive_group(required=True)
+    src.add_argument(
+        "--corpus", help='passages, one JSON per line: {"id", "contents"} or {"id", "title", "text"}'
+    )
+    src.add_argument("--dataset", nargs="+", help="the passages of HotpotQA / 2Wiki / MuSiQue files")
+    src.add_argument("--recipe", choices=RECIPES, help="a recipe's own passages (the offline world)")
+    ib.add_argument("--seed", type=int, default=0, help="with --recipe")
+    ib.add_argument("--out", required=True)
+    ib.add_argument("--dense", action="store_true", help="also the dense MiniLM index")
+    ib.set_defaults(fn=_index_build)
+
+    rv = sub.add_parser("retriever", help="serve an index over HTTP (Search-R1's /retrieve API)")
+    rvs = rv.add_subparsers(dest="retriever_command", required=True)
+    rs = rvs.add_parser("serve")
+    rs.add_argument("--index", required=True)
+    rs.add_argument("--host", default="127.0.0.1")
+    rs.add_argument("--port", type=int, default=8000)
+    rs.add_argument("--mode", default="sparse", choices=["sparse", "dense", "hybrid"])
+    rs.add_argument("--ready-file", default=None, help='written with {"url"} once serving')
+    rs.add_argument("--api-key", default=None)
+    rs.add_argument("--api-key-file", default=None)
+    rs.set_defaults(fn=_retriever_serve)
 
     ex = sub.add_parser("export", help="a run's checkpoint (any TP/PP) -> an HF folder with its tokenizer")
     ex.add_argument("run_dir")
@@ -411,7 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(fn=_sweep_task)
 
     ro = sub.add_parser("role", help="run one role of a run (used by the launchers and Slurm jobs)")
-    ro.add_argument("role", choices=["learner", "server", "teacher", "worker", "router"])
+    ro.add_argument("role", choices=["learner", "server", "teacher", "worker", "router", "retriever"])
     ro.add_argument(
         "--supervise",
         action="store_true",

@@ -209,6 +209,14 @@ def run_eval(a: Any) -> dict[str, Any]:
         log.info("exporting %s to an HF folder", ckpt)
         model = str(export_checkpoint(ckpt, Path(cfg.model.path), out / f"hf_{ckpt.name}"))
         source = str(ckpt)
+    from agent_r1.retrieval import client as retrieval
+
+    if getattr(a, "index", None):  # the search tools' index, in this process
+        retrieval.set_default(retrieval.LocalRetriever(retrieval.open_index(a.index)))
+    elif cfg is not None and cfg.retrieval.index:
+        retrieval.set_default(
+            retrieval.LocalRetriever(retrieval.open_index(cfg.retrieval.index, cfg.retrieval.mode))
+        )
     s = settings(a, cfg)
     if a.data:
         rows = load_rows(a.data, AGENTS)[: s.num]

@@ -99,6 +99,8 @@ class AgentFlow:
                 "formatted": res.formatted,
                 "prediction": res.prediction,
             }
+            if res.details.get("metrics"):  # task metrics besides success (F1, recall): logged as task/*
+                last.info["reward"]["metrics"] = res.details["metrics"]
             traj.metrics["success"] = float(res.correct)
         traj.metrics["reward"] = traj.total_reward
         traj.metrics["num_steps"] = float(len(traj.steps))

@@ -70,19 +70,20 @@ class ToolEnv(AgentEnv):
         self.history.turns.append(Turn("assistant", ids, action.text))
 
         calls = parse_tool_calls(action.text)
-        if not calls or action.finish_reason.is_truncated():
+        if action.finish_reason.is_truncated() or (not calls and self.answer_allowed()):
             # no call: the agent answered; a cut action cannot be trusted to hold a whole call
             return StepResult(None, None, True, info={"truncated": action.finish_reason.is_truncated()})
 
-        outputs = await asyncio.gather(*(self._run_call(c) for c in calls[: self.max_calls_per_step]))
+        if calls:
+            outputs = await asyncio.gather(*(self._run_call(c) for c in calls[: self.max_calls_per_step]))
+        else:
+            outputs = [self._error(self.missing_call_message(), None)]
         for c in calls[self.max_calls_per_step :]:
             outputs.append(
                 self._error(f"too many tool calls in one step (max {self.max_calls_per_step}); ignored", c)
             )
-        results = [o.result for o in outputs]
-        feedback = format_tool_responses(results)
-        self.history.turns.append(Turn("user", self.codec.encode_message("user", feedback), feedback))
-        await self.context.update(self.history)
+        feedback = format_tool_responses([o.result for o in outputs])
+        await self.observe(outputs, feedback)
 
         done = self.num_steps >= self.max_steps
         info = {
@@ -94,8 +95,22 @@ class ToolEnv(AgentEnv):
         obs = None if done else Observation(token_ids=self.context.view(self.history))
         return StepResult(obs, None if done else 0.0, done, feedback, [o.reward for o in outputs], info)
 
+    # ---- hooks for environments built on this one ----------------------------------------------
+    def answer_allowed(self) -> bool:
+        """Whether an action without a tool call ends the episode now (else it is an error)."""
+        return True
+
+    def missing_call_message(self) -> str:
+        return "this step needs a tool call"
+
+    async def observe(self, outputs: list[ToolOutput], feedback: str) -> None:
+        """Fold the step's tool outputs into the history (default: one user turn, then the
+        context manager). A ``rewrite`` environment rebuilds ``history.turns`` from its state."""
+        self.history.turns.append(Turn("user", self.codec.encode_message("user", feedback), feedback))
+        await self.context.update(self.history)
+
     # ---- tools ---------------------------------------------------------------------------------
-    def _error(self, message: str, call: ToolCall | MalformedCall) -> ToolOutput:
+    def _error(self, message: str, call: ToolCall | MalformedCall | None) -> ToolOutput:
         name = call.name if isinstance(call, ToolCall) else None
         penalty = -abs(self.error_penalty) if self.error_penalty else None
         return ToolOutput(f"Error: {message}", penalty, {"name": name, "error": message})

@@ -194,6 +194,28 @@ class DataConfig:
 
 
 @dataclass
+class RetrievalConfig:
+    """The search tools' index. ``index`` is a folder (``agent-r1 index build``); when it is missing
+    and ``build`` is true the launcher builds it from the recipe's own passages (the offline world,
+    or the dataset files' passages). ``serve``: one retriever role shared by all workers (placed
+    on the rollout nodes under Slurm); false: every worker loads the index itself."""
+
+    index: str | None = None
+    build: bool = True
+    serve: bool = True
+    mode: str = "sparse"  # sparse (bm25s) | dense (MiniLM) | hybrid
+    dense: bool = False  # also build the dense index (needed by dense / hybrid)
+
+    def __post_init__(self) -> None:
+        _check(
+            self.mode in ("sparse", "dense", "hybrid"),
+            "retrieval.mode",
+            f"sparse, dense or hybrid, got {self.mode!r}",
+        )
+        _check(self.mode == "sparse" or self.dense, "retrieval.dense", f"mode={self.mode} needs dense=true")
+
+
+@dataclass
 class RecipeConfig:
     name: str = "arithmetic_tool"
     train_size: int = 512
@@ -202,6 +224,7 @@ class RecipeConfig:
     options: dict[str, Any] = field(default_factory=dict)  # extra build_rows arguments (e.g. difficulty)
     train_path: str | None = None  # the public dataset's own train file (recipes that read one)
     test_path: str | None = None  # ... and its held-out file
+    env: dict[str, Any] = field(default_factory=dict)  # environment options for every row (the row's own win)
 
     def __post_init__(self) -> None:
         from recipes import RECIPES
@@ -316,6 +339,7 @@ class TrainConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)

@@ -37,15 +37,16 @@ def prepare_run(cfg: TrainConfig, local: bool = True) -> RunDir:
     """Check what can be checked before any process (``preflight``), create the run directory,
     build the preset's tiny model if asked to, check the data rows, write the resolved config."""
     from agent_r1.records.shard import iteration_dir
-    from agent_r1.train.preflight import data_problems, model_problems, raise_problems
+    from agent_r1.train.preflight import data_problems, model_problems, raise_problems, retrieval_problems
 
-    raise_problems(model_problems(cfg, local))
+    raise_problems(model_problems(cfg, local) + retrieval_problems(cfg))
     rd = RunDir.at(default_run_dir(cfg)).create()
     if cfg.trainer.resume == "never" and iteration_dir(rd.records, 0).exists():
         raise SystemExit(
             f"{rd.root} already has records and trainer.resume=never: choose another trainer.run_dir"
         )
     ensure_model(cfg)
+    ensure_index(cfg)
     raise_problems(data_problems(cfg))
     rd.config.write_text(to_yaml(cfg))
     rd.stop_flag.unlink(missing_ok=True)
@@ -66,10 +67,11 @@ def ensure_model(cfg: TrainConfig) -> None:
 
     b = cfg.model.build
     log.info("building tiny model at %s", path)
+    recipe = load_recipe(b.recipe)
     build_tiny_model(
         path,
-        load_recipe(b.recipe).corpus(),
-        [TOOLS.get("calculator")().schema],
+        recipe.corpus(),
+        [TOOLS.get(t)().schema for t in getattr(recipe, "TOOLS", ["calculator"])],
         b.arch,
         b.vocab_size,
         b.hidden,
@@ -78,6 +80,27 @@ def ensure_model(cfg: TrainConfig) -> None:
         b.kv_heads,
         seed=b.seed,
     )
+
+
+def ensure_index(cfg: TrainConfig) -> None:
+    """Build ``retrieval.index`` from the recipe's passages when it is missing, or when the recipe
+    built it for other data (another seed or dataset files); an index built from a user's own
+    corpus is never replaced."""
+    r = cfg.retrieval
+    if not r.index or not r.build:
+        return
+    from agent_r1.retrieval.index import build_index, read_meta
+    from recipes import load_recipe
+
+    paths = [p for p in (cfg.recipe.train_path, cfg.recipe.test_path) if p]
+    source = f"recipe {cfg.recipe.name} seed {cfg.recipe.seed} files {paths}"
+    meta = read_meta(r.index)
+    if meta is not None and (not meta["source"].startswith("recipe ") or meta["source"] == source):
+        if meta.get("dense") or not r.dense:
+            return
+    recipe = load_recipe(cfg.recipe.name)
+    log.info("building the retrieval index at %s (%s)", r.index, source)
+    build_index(recipe.passages(seed=cfg.recipe.seed, paths=paths), r.index, dense=r.dense, source=source)
 
 
 @dataclass
@@ -163,8 +186,11 @@ class LocalLauncher:
             stale.unlink()  # addresses of a previous launch
         self.rd.router_file.unlink(missing_ok=True)
         self.rd.shutdown_flag.unlink(missing_ok=True)
+        self.rd.retriever_file.unlink(missing_ok=True)
         if cfg.rollout.router:
             self.add("router_0", "router", 0, restartable=True)
+        if cfg.retrieval.index and cfg.retrieval.serve:
+            self.add("retriever_0", "retriever", 0, restartable=True)
         if cfg.rollout.engine == "embedded":
             for i in range(cfg.rollout.servers):
                 self.add(f"server_{i}", "server", i, restartable=True)

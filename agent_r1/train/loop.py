@@ -171,10 +171,12 @@ class Trainer:
         from recipes import load_all, load_recipe
 
         load_all()
+        from agent_r1.retrieval.client import use_run_retriever
         from agent_r1.train.rows import split_rows
 
         r, rc = self.cfg.recipe, self.cfg.rollout
         recipe = load_recipe(r.name)
+        use_run_retriever(self.cfg, self.rd)  # demonstrations search like the policy will
         rows = split_rows(self.cfg, "train")
         rows = (rows * (self.cfg.sft.demos // len(rows) + 1))[: self.cfg.sft.demos]
         flow = FlowConfig(

@@ -28,7 +28,18 @@ def episode_stats(trajs: list[Any]) -> dict[str, float]:
         "tool_errors": float(sum(s.info.get("num_tool_errors", 0) for s in steps)),
         "action_tokens": float(sum(len(s.action_token_ids) for s in steps)),
         "truncated": float(sum(1 for t in trajs if t.steps and t.steps[-1].truncated)),
+        **_task_sums(t.steps[-1].info for t in trajs if t.steps),
     }
+
+
+def _task_sums(terminal_infos: Any) -> dict[str, float]:
+    """Sums of the task metrics a reward reports besides success (``info.reward.metrics``, e.g.
+    F1 or recall), as ``task/<name>``."""
+    out: dict[str, float] = {}
+    for info in terminal_infos:
+        for k, v in (info.get("reward") or {}).get("metrics", {}).items():
+            out[f"task/{k}"] = out.get(f"task/{k}", 0.0) + float(v)
+    return out
 
 
 STATS_COLUMNS = ["trajectory_id", "reward", "process_reward", "done", "truncated", "info", "action_token_ids"]
@@ -58,6 +69,7 @@ def table_stats(table: Any) -> dict[str, float]:
         "tool_errors": float(errors),
         "action_tokens": total(pc.list_value_length(table.column("action_token_ids"))),
         "truncated": float((done & table.column("truncated").to_numpy(zero_copy_only=False)).sum()),
+        **_task_sums(terminal),
     }
 
 
@@ -74,6 +86,9 @@ def rollout_scalars(pooled: dict[str, Any], prefix: str = "rollout") -> dict[str
         f"{prefix}/response_tokens_per_step": pooled.get("action_tokens", 0.0) / steps,
         f"{prefix}/truncated_fraction": pooled.get("truncated", 0.0) / n,
     }
+    for k, v in pooled.items():
+        if k.startswith("task/"):
+            out[f"{prefix}/{k[5:]}"] = v / n
     return out
 
 

@@ -172,6 +172,31 @@ async def _check_rows(rows: list[Any], split: str, codec: Any, flow_cfg: Any) ->
     return out
 
 
+def retrieval_problems(cfg: TrainConfig) -> list[str]:
+    """A recipe whose tools search needs an index it has or can build."""
+    from agent_r1.retrieval.index import build_hint, read_meta
+    from recipes import load_recipe
+
+    recipe = load_recipe(cfg.recipe.name)
+    r = cfg.retrieval
+    if not r.index:
+        if "search" in getattr(recipe, "TOOLS", ()):
+            return [f"recipe {cfg.recipe.name} searches: set retrieval.index=DIR (built when missing)"]
+        return []
+    meta = read_meta(r.index)
+    if meta is None and not r.build:
+        return [f"retrieval.index={r.index} does not exist and retrieval.build=false; {build_hint(r.index)}"]
+    if meta is None and not hasattr(recipe, "passages"):
+        return [
+            f"retrieval.index={r.index} does not exist and recipe {cfg.recipe.name} has no passages to build it from; {build_hint(r.index)}"
+        ]
+    if meta is not None and r.dense and not meta.get("dense") and not r.build:
+        return [
+            f"retrieval.index={r.index} has no dense index (retrieval.dense=true); rebuild it with --dense"
+        ]
+    return []
+
+
 def raise_problems(problems: list[str]) -> None:
     if problems:
         raise ConfigError("the run cannot start:\n  - " + "\n  - ".join(problems))

@@ -181,6 +181,18 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
             cfg.rollout.ready_timeout_s,
             stop_when=lambda: rd.shutdown_flag.exists(),
         )
+    if role == "retriever":
+        from agent_r1.retrieval.server import serve_retriever
+
+        return serve_retriever(
+            cfg.retrieval.index,
+            env.address,
+            0,
+            rd.retriever_file,
+            rd.api_key(),
+            cfg.retrieval.mode,
+            stop_when=lambda: rd.shutdown_flag.exists(),
+        )
     if role == "worker":
         import torch
 
@@ -189,7 +201,7 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
         torch.set_num_threads(1)
         Worker(cfg, rd, idx).serve_forever()
         return 0
-    raise ValueError(f"unknown role {role!r}: learner, server, teacher, worker or router")
+    raise ValueError(f"unknown role {role!r}: learner, server, teacher, worker, router or retriever")
 
 
 def _join_router(cfg: Any, rd: RunDir):

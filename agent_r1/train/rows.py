@@ -6,6 +6,7 @@ counts; train and test never read the same file unless ``data.shared_file_ok``."
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,10 @@ def split_rows(cfg: TrainConfig, split: str, num: int | None = None) -> list[Dat
         source = path or f"recipe {r.name}"
     if len(rows) < want:
         raise RowError(f"{source}: {len(rows)} {split} rows, but recipe.{split}_size asks for {want}")
-    return rows[:want]
+    rows = rows[:want]
+    if r.env:  # config-wide environment options (e.g. the context mode) under each row's own
+        rows = [dataclasses.replace(row, env_kwargs={**r.env, **row.env_kwargs}) for row in rows]
+    return rows
 
 
 def shared_file_problems(cfg: TrainConfig) -> list[str]:

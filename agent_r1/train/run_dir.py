@@ -80,6 +80,7 @@ class RunDir:
     summary = property(lambda self: self.root / "summary.json")
     stop_flag = property(lambda self: self.root / "control" / "STOP")
     router_file = property(lambda self: self.root / "control" / "router.json")
+    retriever_file = property(lambda self: self.root / "control" / "retriever.json")
     shutdown_flag = property(lambda self: self.root / "control" / "SHUTDOWN")  # the run is over
     api_key_file = property(lambda self: self.root / "control" / "api_key")
     lock_file = property(lambda self: self.root / "control" / "owner.lock")

@@ -50,4 +50,15 @@ def demonstration_records(
     trajs = asyncio.run(
         run_episodes(rows, Demonstrator(codec, by_id), codec, flow, 1, id_prefix="sft", progress=False)
     )
+    errors = [
+        (t.trajectory_id, c["error"])
+        for t in trajs
+        for s in t.steps
+        for c in s.info.get("tool_calls", [])
+        if c.get("error")
+    ]
+    if errors:  # the demonstrator never errs: its tools (or their retriever) are broken
+        raise RuntimeError(
+            f"{len(errors)} tool errors while replaying the demonstrations; first, in {errors[0][0]}: {errors[0][1]}"
+        )
     return trajs

@@ -168,6 +168,8 @@ def render_job(
         rollout_roles.append(("teacher", 1, gpu_opt, ["--index", "0"]))
     if cfg.rollout.router:  # first: servers register with it as they come up
         rollout_roles.insert(0, ("router", 1, [], ["--index", "0"]))
+    if cfg.retrieval.index and cfg.retrieval.serve:  # the workers' shared index, on a rollout node
+        rollout_roles.insert(0, ("retriever", 1, [], ["--index", "0"]))
     # rollout roles are supervised in their step: one that dies is restarted in place
     steps = [
         _srun(

@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from agent_r1.retrieval.client import use_run_retriever
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.metrics import episode_stats
 from agent_r1.train.run_dir import RunDir
@@ -78,6 +79,7 @@ class Worker:
         self.codec = ChatCodec(AutoTokenizer.from_pretrained(cfg.model.path))
         self._rows: dict[str, list[Any]] = {}
         self.api_key = rd.api_key()
+        use_run_retriever(cfg, rd)
 
     def rows(self, split: str) -> list[Any]:
         if split not in self._rows:

@@ -84,7 +84,8 @@ ALLOWED = {
     "algos": {"registry"},
     "records": set(),
     "rollout": {"records", "process"},
-    "tools": {"registry"},
+    "retrieval": {"rollout"},  # its server reuses the rollout server's HTTP helpers (API key, bodies)
+    "tools": {"registry", "retrieval"},
     "rewards": {"registry"},
     "data": {"records"},
     "agent": {"rollout", "records", "data", "tools", "rewards", "registry"},

@@ -17,7 +17,7 @@ def test_every_recipe_registers_its_agent_and_builds_rows():
         data = load_recipe(name)
         rows = data.build_rows(split="train", num=3, seed=1)
         assert len(rows) == 3 and all(r.agent_name in AGENTS for r in rows)
-        assert all(r.reward_model["style"] == "math_number" for r in rows)
+        assert all(r.reward_model["style"] in ("math_number", "qa_em") for r in rows)
         assert data.corpus()
 
 

@@ -1,0 +1,115 @@
+"""One ``Retriever`` interface for tools: an index in this process, or a retriever server.
+
+``HttpRetriever`` speaks the Search-R1 ``/retrieve`` API (``{"queries", "topk", "return_scores"}``
+-> ``{"result": [[{"document", "score"}]]}``), so it also works against a Search-R1 / FlashRAG
+retrieval server. A failing server is retried with back-off, then ``RetrievalError`` (the search
+tool turns that into error feedback for the model; the episode goes on).
+
+A process has one default retriever (``set_default``): the rollout worker sets it from the run's
+``retrieval`` config (the run's retriever role, or the index in-process), so recipes' tools need
+no addresses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from pathlib import Path
+from typing import Any, Protocol
+
+from agent_r1.retrieval.index import Hit, Index
+
+log = logging.getLogger("agent_r1.retrieval")
+
+
+class RetrievalError(RuntimeError):
+    pass
+
+
+class Retriever(Protocol):
+    async def search(self, queries: list[str], k: int) -> list[list[Hit]]: ...
+
+
+class LocalRetriever:
+    """An in-process index (tests, eval, single-machine runs); searches run off the event loop."""
+
+    def __init__(self, index: Index):
+        self.index = index
+
+    async def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        return await asyncio.to_thread(self.index.search, queries, k)
+
+
+class HttpRetriever:
+    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 30.0, retries: int = 3):
+        self.url, self.api_key, self.timeout_s, self.retries = url.rstrip("/"), api_key, timeout_s, retries
+
+    async def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        import aiohttp
+
+        body = {"queries": queries, "topk": k, "return_scores": True}
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        last = ""
+        for attempt in range(self.retries + 1):
+            try:
+                timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+                async with aiohttp.ClientSession(timeout=timeout) as s:
+                    async with s.post(f"{self.url}/retrieve", json=body, headers=headers) as r:
+                        if r.status == 200:
+                            data = await r.json()
+                            return [[Hit.from_json(h) for h in hits] for hits in data["result"]]
+                        last = f"HTTP {r.status}: {(await r.text())[:200]}"
+                        if r.status < 500:  # the request itself is wrong: retrying will not help
+                            break
+            except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                last = f"{type(e).__name__}: {e}"
+            if attempt < self.retries:
+                await asyncio.sleep(min(0.5 * 2**attempt, 4.0))
+        raise RetrievalError(f"retriever {self.url} failed: {last}")
+
+
+@functools.lru_cache(maxsize=8)
+def open_index(path: str, mode: str = "sparse") -> Index:
+    """An index folder, loaded once per process."""
+    return Index(Path(path), mode)
+
+
+_DEFAULT: list[Retriever] = []
+
+
+def set_default(retriever: Retriever | None) -> None:
+    _DEFAULT[:] = [retriever] if retriever is not None else []
+
+
+def default_retriever() -> Retriever:
+    if not _DEFAULT:
+        raise RetrievalError(
+            "no retriever configured: set retrieval.index=DIR in the run's config (or give the "
+            "search tool an index or url option); build one with agent-r1 index build"
+        )
+    return _DEFAULT[0]
+
+
+def use_run_retriever(cfg: Any, rd: Any = None) -> None:
+    """This process's search tools use the run's retriever role (``retrieval.serve`` and a run
+    directory ``rd``) or the index in-process; nothing when the run has no ``retrieval.index``."""
+    r = cfg.retrieval
+    if not r.index:
+        return
+    if r.serve and rd is not None:
+        from agent_r1.retrieval.server import wait_for_retriever
+
+        url = wait_for_retriever(rd.retriever_file, cfg.rollout.ready_timeout_s)
+        set_default(HttpRetriever(url, rd.api_key()))
+    else:
+        set_default(LocalRetriever(open_index(r.index, r.mode)))
+
+
+def make_retriever(index: str | None = None, url: str | None = None, mode: str = "sparse",
+                   api_key: str | None = None) -> Retriever:  # fmt: skip
+    if url:
+        return HttpRetriever(url, api_key)
+    if index:
+        return LocalRetriever(open_index(str(index), mode))
+    return default_retriever()

@@ -1,0 +1,53 @@
+"""One short training run per search recipe, as a user starts it (the preset with a few
+overrides): the launcher builds the model and the index, starts the retriever role, the agents
+search through it, and the run finishes with task metrics logged."""
+
+from __future__ import annotations
+
+import json
+
+from train_checks import check_finished, read_records, train
+
+from agent_r1.train.plot import read_scalars
+
+
+def _short(preset: str, tmp_path, *extra: str) -> list[str]:
+    return [
+        f"+experiment={preset}",
+        f"model.path={tmp_path}/model",
+        f"model.build.at={tmp_path}/model",
+        f"retrieval.index={tmp_path}/index",
+        f"trainer.run_dir={tmp_path}/run",
+        "trainer.iterations=2",
+        "trainer.eval_every=1",
+        "trainer.checkpoint_every=1",
+        "trainer.progress=false",
+        "trainer.timeout_s=240",
+        "sft.steps=3",
+        "sft.demos=64",
+        "recipe.train_size=16",
+        "recipe.test_size=4",
+        "rollout.prompts_per_iteration=4",
+        "rollout.group_size=4",
+        "rollout.ready_timeout_s=120",
+        *extra,
+    ]
+
+
+def test_hotpotqa_steppo_short_run(tmp_path):
+    # 40 warm-start steps: enough for the policy to call search (a random one never does)
+    r = train(_short("hotpotqa_steppo", tmp_path, "sft.steps=40", "sft.batch_trajectories=8"))
+    run = tmp_path / "run"
+    s = check_finished(r, run, 2)
+    assert s["algorithm"] == "steppo"
+    meta = json.loads((tmp_path / "index" / "meta.json").read_text())
+    assert meta["passages"] > 1000 and meta["source"].startswith("recipe hotpotqa seed 0")
+    # the workers searched through the run's retriever role
+    assert "retriever for" in (run / "logs" / "retriever_0.log").read_text()
+    infos = [json.loads(x) for it in (0, 1) for x in read_records(run, it).column("info").to_pylist()]
+    calls = [c for info in infos for c in info.get("tool_calls", [])]
+    assert any(c["name"] == "search" and c.get("hits") for c in calls), calls[:3]
+    scalars = read_scalars(run / "tensorboard")
+    for tag in ("eval/em", "eval/f1", "rollout/f1", "value_loss"):
+        assert tag in scalars, sorted(scalars)
+    assert all(0.0 <= v <= 1.0 for _, v in scalars["eval/f1"])

