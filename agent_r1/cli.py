@@ -299,7 +299,7 @@ def _index_build(a: argparse.Namespace) -> int:
 
         passages, source = (
             load_recipe(a.recipe).passages(seed=a.seed),
-            f"recipe {a.recipe} seed {a.seed} files []",
+            f"recipe {a.recipe} seed {a.seed} (command line)",
         )
     meta = build_index(passages, a.out, dense=a.dense, source=source)
     print(json.dumps(meta))

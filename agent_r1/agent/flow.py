@@ -102,6 +102,8 @@ class AgentFlow:
             if res.details.get("metrics"):  # task metrics besides success (F1, recall): logged as task/*
                 last.info["reward"]["metrics"] = res.details["metrics"]
             traj.metrics["success"] = float(res.correct)
+        elif isinstance(last.info.get("reward"), dict):  # the environment scored its own episode
+            traj.metrics["success"] = float(bool(last.info["reward"].get("correct")))
         traj.metrics["reward"] = traj.total_reward
         traj.metrics["num_steps"] = float(len(traj.steps))
         traj.metrics["num_tool_calls"] = float(traj.num_tool_calls)

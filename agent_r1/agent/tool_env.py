@@ -38,7 +38,12 @@ class ToolEnv(AgentEnv):
         if max_steps < 1:
             raise ValueError(f"env.max_steps must be >= 1, got {max_steps}")
         tool_kwargs = tool_kwargs or {}
-        self.tools: dict[str, BaseTool] = {n: TOOLS.get(n)(**tool_kwargs.get(n, {})) for n in tools or []}
+        # keyed by the name the model calls (a registered tool may show another name, e.g. a
+        # recipe's own "search" registered as "paper_search")
+        built = [TOOLS.get(n)(**tool_kwargs.get(n, {})) for n in tools or []]
+        self.tools: dict[str, BaseTool] = {t.name: t for t in built}
+        if len(self.tools) != len(built):
+            raise ValueError(f"tools {tools} show the model the same name twice")
         self.context = build_context(codec, context, **(context_kwargs or {}))
         self.max_steps, self.max_calls_per_step = max_steps, max_calls_per_step
         self.error_penalty, self.tool_timeout_s = error_penalty, tool_timeout_s

@@ -41,7 +41,9 @@ def prepare_run(cfg: TrainConfig, local: bool = True) -> RunDir:
 
     raise_problems(model_problems(cfg, local) + retrieval_problems(cfg))
     rd = RunDir.at(default_run_dir(cfg)).create()
-    if cfg.trainer.resume == "never" and iteration_dir(rd.records, 0).exists():
+    if cfg.trainer.resume == "never" and (
+        iteration_dir(rd.records, 0).exists() or (rd.root / "sft_records").exists()
+    ):
         raise SystemExit(
             f"{rd.root} already has records and trainer.resume=never: choose another trainer.run_dir"
         )
@@ -93,14 +95,15 @@ def ensure_index(cfg: TrainConfig) -> None:
     from recipes import load_recipe
 
     paths = [p for p in (cfg.recipe.train_path, cfg.recipe.test_path) if p]
-    source = f"recipe {cfg.recipe.name} seed {cfg.recipe.seed} files {paths}"
+    source = f"recipe {cfg.recipe.name} seed {cfg.recipe.seed} files {paths} options {cfg.recipe.options}"
     meta = read_meta(r.index)
     if meta is not None and (not meta["source"].startswith("recipe ") or meta["source"] == source):
         if meta.get("dense") or not r.dense:
             return
     recipe = load_recipe(cfg.recipe.name)
     log.info("building the retrieval index at %s (%s)", r.index, source)
-    build_index(recipe.passages(seed=cfg.recipe.seed, paths=paths), r.index, dense=r.dense, source=source)
+    passages = recipe.passages(seed=cfg.recipe.seed, paths=paths, **cfg.recipe.options)
+    build_index(passages, r.index, dense=r.dense, source=source)
 
 
 @dataclass

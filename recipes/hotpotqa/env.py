@@ -78,7 +78,7 @@ class HotpotQAEnv(ToolEnv):
             if shown:
                 lines += ["Passages:", *reversed(shown)]
         if self.searches:
-            lines.append("Searches so far: " + "; ".join(self.searches))
+            lines.append("Searches so far: " + "; ".join(f'"{q}"' for q in self.searches))
         if self.errors:
             lines += ["Errors:", *self.errors[-self.keep_errors :]]
         return "\n".join(lines)

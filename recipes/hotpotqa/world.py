@@ -42,20 +42,22 @@ class World:
     works: dict[str, dict[str, object]] = field(default_factory=dict)  # title -> {kind, year, creator}
 
     def passages(self) -> list[Passage]:
+        """Names are quoted, as titles are in encyclopedia prose; so a name is the same token
+        sequence in a passage, a question, a search query and an answer."""
         out: list[Passage] = []
         for city, country in self.cities.items():
-            out.append(Passage(f"city:{city}", city, f"{city} is a city in {country}."))
+            out.append(Passage(f"city:{city}", city, f'"{city}" is a city in "{country}".'))
         for uni, city in self.universities.items():
-            out.append(Passage(f"uni:{uni}", uni, f"{uni} is a university located in {city}."))
+            out.append(Passage(f"uni:{uni}", uni, f'"{uni}" is a university located in "{city}".'))
         for name, p in self.people.items():
             out.append(
-                Passage(f"person:{name}", name, f"{name} was born in {p['city']} in {p['born']} and studied at {p['university']}.")
+                Passage(f"person:{name}", name, f'"{name}" was born in "{p["city"]}" in {p["born"]} and studied at "{p["university"]}".')
             )  # fmt: skip
         for title, w in self.works.items():
             verb = WORKS[str(w["kind"])][0]
             out.append(
                 Passage(
-                    f"work:{title}", title, f"{title} is a {w['year']} {w['kind']} {verb} {w['creator']}."
+                    f"work:{title}", title, f'"{title}" is a {w["year"]} {w["kind"]} {verb} "{w["creator"]}".'
                 )
             )
         for i, d in enumerate(self.distractors):
@@ -71,11 +73,9 @@ def make_world(
     rng = random.Random(seed)
     used: set[str] = set()
 
-    def fresh(parts: int, title: bool = False) -> str:
+    def fresh(parts: int) -> str:
         while True:
             n = _name(rng, parts).capitalize()
-            if title:
-                n = f"{n} {_name(rng, 1).capitalize()}"
             if n not in used:
                 used.add(n)
                 return n
@@ -88,14 +88,13 @@ def make_world(
         w.universities[f"{fresh(2)} University"] = rng.choice(city_names)
     unis = list(w.universities)
     for _ in range(people):
-        first, last = fresh(1), fresh(2)
-        w.people[f"{first} {last}"] = {"born": rng.randint(1900, 1990), "city": rng.choice(city_names), "university": rng.choice(unis)}  # fmt: skip
+        w.people[fresh(2)] = {"born": rng.randint(1900, 1990), "city": rng.choice(city_names), "university": rng.choice(unis)}  # fmt: skip
     names = list(w.people)
     for _ in range(works):
         kind = rng.choice(list(WORKS))
         creator = rng.choice(names)
         born = int(w.people[creator]["born"])  # type: ignore[arg-type]
-        w.works[fresh(2, title=True)] = {
+        w.works[fresh(3)] = {
             "kind": kind,
             "year": rng.randint(born + 20, born + 60),
             "creator": creator,
@@ -143,13 +142,17 @@ def questions(w: World, hops: int, kind: str, titles: list[str]) -> list[Questio
         p = w.people[person]
         city = str(p["city"])
         if hops == 2:
-            q, ans, chain = f"Where was the {role} of {t} born?", city, (t, person)
+            q, ans, chain = f'Where was the {role} of "{t}" born?', city, (t, person)
         elif hops == 3:
-            q, ans, chain = f"In which country was the {role} of {t} born?", w.cities[city], (t, person, city)
+            q, ans, chain = (
+                f'In which country was the {role} of "{t}" born?',
+                w.cities[city],
+                (t, person, city),
+            )
         elif hops == 4:
             uni = str(p["university"])
             ucity = w.universities[uni]
-            q = f"In which country is the university attended by the {role} of {t}?"
+            q = f'In which country is the university attended by the {role} of "{t}"?'
             ans, chain = w.cities[ucity], (t, person, uni, ucity)
         else:
             raise ValueError(f"hops must be 2, 3 or 4 for bridge questions, got {hops}")

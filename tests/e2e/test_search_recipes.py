@@ -48,6 +48,20 @@ def test_hotpotqa_steppo_short_run(tmp_path):
     calls = [c for info in infos for c in info.get("tool_calls", [])]
     assert any(c["name"] == "search" and c.get("hits") for c in calls), calls[:3]
     scalars = read_scalars(run / "tensorboard")
-    for tag in ("eval/em", "eval/f1", "rollout/f1", "value_loss"):
+    for tag in ("eval/em", "eval/f1", "rollout/f1", "critic/value_loss"):
         assert tag in scalars, sorted(scalars)
     assert all(0.0 <= v <= 1.0 for _, v in scalars["eval/f1"])
+
+
+def test_paper_search_pspo_short_run(tmp_path):
+    r = train(_short("paper_search_pspo", tmp_path, "sft.steps=40", "sft.batch_trajectories=8"))
+    run = tmp_path / "run"
+    s = check_finished(r, run, 2)
+    assert s["algorithm"] == "pspo"
+    # process rewards: every step of a trajectory is paid; recall and F1 are logged
+    table = read_records(run, 0)
+    assert table.num_rows > 0 and all(x is not None for x in table.column("reward").to_pylist())
+    scalars = read_scalars(run / "tensorboard")
+    for tag in ("eval/recall", "eval/f1", "rollout/recall", "critic/value_loss", "loss/kl"):
+        assert tag in scalars, sorted(scalars)
+    assert "retriever for" in (run / "logs" / "retriever_0.log").read_text()

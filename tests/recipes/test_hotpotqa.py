@@ -213,8 +213,10 @@ def test_rewrite_observation_forced_search_and_concurrent_calls(codec, world_ret
     # 5 calls: 4 run (concurrently), the 5th is refused; the observation is rebuilt from state
     assert s1.info["num_tool_calls"] == 5 and s1.info["num_tool_errors"] == 1
     text2 = codec.decode(s2.obs_token_ids)
-    assert f"Searches so far: {title}; {person}; festival; born" in text2
-    assert text2.count(f"Question: {row.prompt[-1]['content']}") == 1 and f"- {title}: {title} is a" in text2
+    assert f'Searches so far: "{title}"; "{person}"; "festival"; "born"' in text2
+    assert (
+        text2.count(f"Question: {row.prompt[-1]['content']}") == 1 and f'- {title}: "{title}" is a' in text2
+    )
     # the system / tool prefix is the same at every step, and the flow recorded the shared prefix
     prefix = codec.encode_system(D.SYSTEM, [TOOLS_SCHEMA()])
     assert all(s.obs_token_ids[: len(prefix)] == prefix for s in traj.steps)

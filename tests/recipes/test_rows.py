@@ -64,3 +64,36 @@ def test_parquet_roundtrip_and_errors_name_file_and_row(tmp_path):
     (tmp_path / "junk.parquet").write_bytes(b"not parquet")
     with pytest.raises(RowError, match="junk.parquet: cannot read parquet"):
         load_rows(tmp_path / "junk.parquet")
+
+
+def test_context_mode_selectable_from_config(codec):
+    """`recipe.env` reaches every row's environment: a ToolEnv recipe summarises for real."""
+    import asyncio
+
+    from scripted import ScriptedPolicy
+
+    from agent_r1.agent.flow import AGENTS, FlowConfig
+    from agent_r1.agent.tool_calls import format_tool_call
+    from agent_r1.agent.types import SamplingParams
+    from agent_r1.train.config import load_config
+    from agent_r1.train.rows import split_rows
+
+    cfg = load_config(
+        ["recipe=gsm8k_tool", "+recipe.env.context=summarize", "+recipe.env.context_kwargs.max_tokens=400"]
+    )
+    row = split_rows(cfg, "train", 1)[0]
+    assert row.env_kwargs == {"context": "summarize", "context_kwargs": {"max_tokens": 400}}
+    call = format_tool_call("calculator", {"expression": "1 + 2"})
+    policy = ScriptedPolicy(codec, [call] * 4 + ["\\boxed{3}"])
+    flow = FlowConfig(
+        max_steps=5, max_obs_tokens=4096, max_action_tokens=200, sampling=SamplingParams(max_new_tokens=200)
+    )
+    traj = asyncio.run(AGENTS.get(row.agent_name).build(policy, codec, flow).run(row, "t", "g"))
+    texts = [codec.decode(s.obs_token_ids) for s in traj.steps]
+    assert "Summary of earlier steps" not in texts[0] and any(
+        "Summary of earlier steps" in t for t in texts[1:]
+    )
+    # once folded, an observation no longer extends the previous one: the flow records that
+    folded = next(i for i, t in enumerate(texts) if "Summary of earlier steps" in t)
+    prev = traj.steps[folded - 1]
+    assert traj.steps[folded].prefix_len < len(prev.obs_token_ids) + len(prev.action_token_ids)

@@ -98,3 +98,32 @@ def test_cli_reports_bad_key(capsys):
 
     assert main(["train", "trainer.itertions=3"]) == 2
     assert "trainer.itertions" in capsys.readouterr().err
+
+
+def test_search_presets_resolve_to_the_seed_definitions():
+    h = load_config(["+experiment=hotpotqa_steppo"])
+    assert (h.algorithm.advantage, h.algorithm.loss, h.algorithm.critic) == ("gae", "steppo", True)
+    assert h.recipe.name == "hotpotqa" and h.retrieval.index and h.retrieval.serve
+    p = load_config(["+experiment=paper_search_pspo"])
+    a = p.algorithm
+    assert (a.advantage, a.loss, a.critic, a.reference) == ("gae", "pspo", True, True)
+    assert (a.policy.clip_low, a.policy.clip_high, a.policy.clip_c, a.policy.kl_coef) == (
+        3e-4,
+        4e-4,
+        10.0,
+        0.001,
+    )
+    assert p.recipe.name == "paper_search" and p.retrieval.index
+    c = load_config(["+experiment=qwen3_4b_paper_search_pspo_4n8g"]).algorithm
+    assert c.loss == "pspo" and c.reward_scaling
+
+
+@pytest.mark.parametrize("preset", ["qwen3_4b_hotpotqa_steppo_4n8g", "qwen3_4b_paper_search_pspo_4n8g"])
+def test_cluster_search_presets_place_the_retriever_on_the_rollout_nodes(preset, tmp_path):
+    from agent_r1.train.run_dir import RunDir
+    from agent_r1.train.slurm import render_job
+
+    cfg = load_config([f"+experiment={preset}", f"trainer.run_dir={tmp_path}/run"])
+    script = render_job(cfg, RunDir.at(tmp_path / "run").create())
+    line = next(x for x in script.splitlines() if " role retriever " in x)
+    assert "--het-group=1" in line and "--supervise" in line  # the rollout component, restarted in place
