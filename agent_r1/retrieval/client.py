@@ -102,8 +102,10 @@ def use_run_retriever(cfg: Any, rd: Any = None) -> None:
 
         url = wait_for_retriever(rd.retriever_file, cfg.rollout.ready_timeout_s)
         set_default(HttpRetriever(url, rd.api_key()))
+        log.info("search tools use the run's retriever at %s", url)
     else:
         set_default(LocalRetriever(open_index(r.index, r.mode)))
+        log.info("search tools use the index %s in this process", r.index)
 
 
 def make_retriever(index: str | None = None, url: str | None = None, mode: str = "sparse",

@@ -5,6 +5,7 @@ official answer normalisation; the retrieval corpus is the world's (or the datas
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -23,20 +24,35 @@ SYSTEM = (
 TEST_FRACTION = 0.2  # of the world's works: their questions are held out
 
 
-def _split_titles(w: W.World, split: str, seed: int) -> list[str]:
-    titles = list(w.works)
-    random.Random(seed).shuffle(titles)
-    cut = int(len(titles) * (1 - TEST_FRACTION))
-    return titles[:cut] if split == "train" else titles[cut:]
-
-
 def world_examples(split: str, seed: int = 0, hops: Any = (2,), kinds: Any = ("bridge",)) -> list[Example]:
+    """The world's questions of ``split``. A fifth of the works are held out: for each, one of its
+    questions (seeded choice) is a test question and its other questions stay in training, so a
+    test question is new while its names were seen (a tiny model cannot emit a name it never
+    produced); a work with a single question type is held out whole."""
     w = W.make_world(seed)
-    titles = _split_titles(w, split, seed)
-    qs: list[W.Question] = []
+    titles = list(w.works)
+    rng = random.Random(seed)
+    rng.shuffle(titles)
+    held = set(titles[int(len(titles) * (1 - TEST_FRACTION)) :])
+    per_title: dict[str, list[W.Question]] = {}
+    comparisons: list[W.Question] = []
     for kind in kinds:
-        for h in hops if kind == "bridge" else (2,):
-            qs += W.questions(w, int(h), kind, titles)
+        if kind == "comparison":
+            for part in (sorted(set(titles) - held), sorted(held)):
+                comparisons += [dataclasses.replace(q, id=f"{q.id}|{'test' if part[0] in held else 'train'}") for q in W.questions(w, 2, kind, part)]
+            continue
+        for h in hops:
+            for q in W.questions(w, int(h), kind, titles):
+                per_title.setdefault(q.hops[0], []).append(q)
+    qs: list[W.Question] = []
+    for t in titles:
+        options = per_title.get(t, [])
+        if t not in held:
+            qs += options if split == "train" else []
+        elif options:
+            pick = random.Random(f"{seed}/{t}").randrange(len(options))
+            qs += [options[pick]] if split == "test" else [q for i, q in enumerate(options) if i != pick]
+    qs += [q for q in comparisons if q.id.endswith(f"|{split}")]
     random.Random(f"{seed}/{split}").shuffle(qs)
     return [Example(q.id, q.question, (q.answer,), q.hops, q.kind, ()) for q in qs]
 

@@ -7,6 +7,7 @@ person was born in a city and studied at a university; a university is in a city
 country. Questions follow chains of them:
 
 - 2 hops, bridge:      "Where was the director of <film> born?"         (work -> person -> city)
+                       "Which university did the author of <novel> attend?"
 - 3 hops, bridge:      "In which country was the author of <novel> born?" (... -> city -> country)
 - 4 hops, bridge:      "In which country is the university attended by the producer of <album>?"
 - 2 hops, comparison:  "Which was released first, <work A> or <work B>?"
@@ -128,7 +129,7 @@ def questions(w: World, hops: int, kind: str, titles: list[str]) -> list[Questio
             out.append(
                 Question(
                     f"cmp:{a}|{b}",
-                    f"Which was released first, {a} or {b}?",
+                    f'Which was released first, "{a}" or "{b}"?',
                     a if ya < yb else b,
                     kind,
                     (a, b),
@@ -143,6 +144,8 @@ def questions(w: World, hops: int, kind: str, titles: list[str]) -> list[Questio
         city = str(p["city"])
         if hops == 2:
             q, ans, chain = f'Where was the {role} of "{t}" born?', city, (t, person)
+            uni = str(p["university"])
+            out.append(Question(f"b2u:{t}", f'Which university did the {role} of "{t}" attend?', uni, kind, (t, person)))
         elif hops == 3:
             q, ans, chain = (
                 f'In which country was the {role} of "{t}" born?',

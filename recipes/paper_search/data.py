@@ -22,16 +22,15 @@ SYSTEM = (
     "Find all papers relevant to the query. Search for them, expand relevant papers to see their "
     "references and citations, and reply Done. when you have found them all."
 )
-TEMPLATES = ["Find papers about {}.", "Which papers study {}?", "Search for research on {}."]
-TEST_FRACTION = 0.2
+TEMPLATES = [
+    "Find papers about {}.",
+    "Which papers study {}?",
+    "Search for research on {}.",
+    "List work on {}.",
+    "Papers on {}, please.",
+]
+TEST_FRACTION = 0.4
 FINAL = "Done."
-
-
-def _split_topics(topics: list[str], split: str, seed: int) -> list[str]:
-    topics = list(topics)
-    random.Random(seed).shuffle(topics)
-    cut = int(len(topics) * (1 - TEST_FRACTION))
-    return topics[:cut] if split == "train" else topics[cut:]
 
 
 def _row(question: str, relevant: list[str], split: str, **extra: Any) -> DataRow:
@@ -82,17 +81,24 @@ def build_rows(
     graph: str | None = None,
 ) -> list[DataRow]:  # fmt: skip
     """Rows of ``split``: a query file at ``path`` over the graph ``graph`` (JSON lines of papers),
-    or the generated graph's topics (each with the three query templates)."""
+    or the generated graph's topics in five phrasings. Of 40% of the topics one phrasing (seeded)
+    is held out for the test split and the others are trained on: a test query is new while its
+    papers' ids were seen (a tiny model cannot emit an id it never produced)."""
     g = load_graph(graph, seed)
     if path:
         return read_queries(path, g)[:num]
     if graph:
         raise GraphError("a user's paper graph needs its query file: recipe.train_path / test_path")
+    topics = list(g.topics)
+    random.Random(seed).shuffle(topics)
+    held = set(topics[int(len(topics) * (1 - TEST_FRACTION)) :])
     rows = []
-    for phrase in _split_topics(list(g.topics), split, seed):
+    for phrase in topics:
         t = g.topics[phrase]
-        for tmpl in TEMPLATES:
-            rows.append(_row(tmpl.format(phrase), t["relevant"], split, hubs=t["hubs"], phrase=phrase))
+        pick = random.Random(f"{seed}/{phrase}").randrange(len(TEMPLATES)) if phrase in held else -1
+        for i, tmpl in enumerate(TEMPLATES):
+            if (split == "test") == (i == pick):
+                rows.append(_row(tmpl.format(phrase), t["relevant"], split, hubs=t["hubs"], phrase=phrase))
     random.Random(f"{seed}/{split}").shuffle(rows)
     return rows[:num]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from agent_r1.registry import Registry
 
-STOPWORDS = {"find", "papers", "paper", "about", "on", "the", "a", "an", "of", "for", "and", "in", "with", "to", "work", "research", "which", "what", "study", "studies", "search", "that", "are", "is"}  # fmt: skip
+STOPWORDS = {"find", "papers", "paper", "about", "on", "the", "a", "an", "of", "for", "and", "in", "with", "to", "work", "research", "which", "what", "study", "studies", "search", "that", "are", "is", "list", "please"}  # fmt: skip
 _WORD = re.compile(r"[a-z0-9]+")
 
 

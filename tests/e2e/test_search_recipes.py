@@ -35,18 +35,19 @@ def _short(preset: str, tmp_path, *extra: str) -> list[str]:
 
 
 def test_hotpotqa_steppo_short_run(tmp_path):
-    # 40 warm-start steps: enough for the policy to call search (a random one never does)
-    r = train(_short("hotpotqa_steppo", tmp_path, "sft.steps=40", "sft.batch_trajectories=8"))
+    r = train(_short("hotpotqa_steppo", tmp_path))
     run = tmp_path / "run"
     s = check_finished(r, run, 2)
     assert s["algorithm"] == "steppo"
     meta = json.loads((tmp_path / "index" / "meta.json").read_text())
     assert meta["passages"] > 1000 and meta["source"].startswith("recipe hotpotqa seed 0")
-    # the workers searched through the run's retriever role
+    # the warm start's demonstrations searched through the run's retriever role (the learner),
+    # and the workers' search tools use it too
     assert "retriever for" in (run / "logs" / "retriever_0.log").read_text()
-    infos = [json.loads(x) for it in (0, 1) for x in read_records(run, it).column("info").to_pylist()]
-    calls = [c for info in infos for c in info.get("tool_calls", [])]
-    assert any(c["name"] == "search" and c.get("hits") for c in calls), calls[:3]
+    sft = read_records(run, 0, "sft_records")
+    calls = [c for x in sft.column("info").to_pylist() for c in json.loads(x).get("tool_calls", [])]
+    assert calls and all(c["name"] == "search" and c["hits"] and not c["error"] for c in calls), calls[:3]
+    assert "search tools use the run's retriever at http://" in (run / "logs" / "worker_0.log").read_text()
     scalars = read_scalars(run / "tensorboard")
     for tag in ("eval/em", "eval/f1", "rollout/f1", "critic/value_loss"):
         assert tag in scalars, sorted(scalars)
@@ -54,7 +55,7 @@ def test_hotpotqa_steppo_short_run(tmp_path):
 
 
 def test_paper_search_pspo_short_run(tmp_path):
-    r = train(_short("paper_search_pspo", tmp_path, "sft.steps=40", "sft.batch_trajectories=8"))
+    r = train(_short("paper_search_pspo", tmp_path))
     run = tmp_path / "run"
     s = check_finished(r, run, 2)
     assert s["algorithm"] == "pspo"
@@ -65,3 +66,8 @@ def test_paper_search_pspo_short_run(tmp_path):
     for tag in ("eval/recall", "eval/f1", "rollout/recall", "critic/value_loss", "loss/kl"):
         assert tag in scalars, sorted(scalars)
     assert "retriever for" in (run / "logs" / "retriever_0.log").read_text()
+    sft = read_records(run, 0, "sft_records")
+    names = [c["name"] for x in sft.column("info").to_pylist() for c in json.loads(x).get("tool_calls", [])]
+    assert set(names) == {"search", "expand"}
+    # the demonstrations' process rewards: the search step and the expand step each pay 3
+    assert {r for r in sft.column("reward").to_pylist() if r} == {3.0}

@@ -103,10 +103,10 @@ def check_events(run_dir: Path, iterations: int, eval_every: int = 1) -> dict[st
     return scalars
 
 
-def read_records(run_dir: Path, it: int):
+def read_records(run_dir: Path, it: int, folder: str = "records"):
     import pyarrow as pa
 
-    d = run_dir / "records" / f"iter_{it:06d}"
+    d = run_dir / folder / f"iter_{it:06d}"
     return pa.concat_tables([ipc.open_file(str(p)).read_all() for p in sorted(d.glob("shard_*.arrow"))])
 
 

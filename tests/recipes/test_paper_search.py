@@ -49,9 +49,11 @@ def test_generated_graph_structure():
         assert set(t["relevant"]) <= reach
         assert not set(rest) <= set(g.neighbours(a)) | {a, b}  # one hub is not enough
         assert all(phrase in g.papers[p].abstract for p in t["relevant"])
-    train = {r.extra_info["phrase"] for r in D.build_rows("train")}
-    test = {r.extra_info["phrase"] for r in D.build_rows("test")}
-    assert len(train) == 80 and len(test) == 20 and not train & test
+    train, test = D.build_rows("train"), D.build_rows("test")
+    assert (len(train), len(test)) == (460, 40)
+    # held-out queries are new phrasings; their topics are trained under the other phrasings
+    assert not {r.prompt[-1]["content"] for r in train} & {r.prompt[-1]["content"] for r in test}
+    assert {r.extra_info["phrase"] for r in test} < {r.extra_info["phrase"] for r in train}
 
 
 def test_lexical_selector_by_hand():
