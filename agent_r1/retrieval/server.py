@@ -19,7 +19,7 @@ from aiohttp import web
 
 from agent_r1.retrieval.index import Index
 from agent_r1.rollout.sampling import BadRequest
-from agent_r1.rollout.server import _error, _json, api_key_middleware, read_json_body
+from agent_r1.rollout.server import _error, _json, api_key_middleware, read_json_body, start_site
 
 log = logging.getLogger("agent_r1.retriever")
 
@@ -100,12 +100,7 @@ class RetrieverServer:
     async def start(self) -> web.AppRunner:
         self._wake = asyncio.Event()
         self._task = asyncio.create_task(self._batcher())
-        runner = web.AppRunner(self.app, handler_cancellation=True)
-        await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port)
-        await site.start()
-        if self.port == 0:
-            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, self.port = await start_site(self.app, self.host, self.port)
         return runner
 
     @property

@@ -589,14 +589,20 @@ class Server:
 
     # ---- running ----------------------------------------------------------------------------------------------
     async def start(self) -> web.AppRunner:
-        # handler_cancellation: a client that hangs up cancels its handler, which aborts its requests
-        runner = web.AppRunner(self.app, access_log=None, handler_cancellation=True)
-        await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port)
-        await site.start()
-        if self.port == 0:
-            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, self.port = await start_site(self.app, self.host, self.port)
         return runner
+
+
+async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` on ``host:port`` (0 = a free port); returns the runner and the bound port.
+    handler_cancellation: a client that hangs up cancels its handler, which aborts its work."""
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    if port == 0:
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, port
 
 
 def serve(

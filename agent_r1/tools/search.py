@@ -39,7 +39,7 @@ class Search(BaseTool):
         self.topk, self._spec = topk, (index, url, mode)
 
     async def execute(self, args: dict[str, Any]) -> ToolOutput:
-        query = args["query"].strip()
+        query = " ".join(args["query"].split())
         if not query:
             raise ToolError("the query is empty")
         if len(query) > MAX_QUERY_CHARS:
@@ -49,5 +49,8 @@ class Search(BaseTool):
             hits = (await make_retriever(index, url, mode).search([query], self.topk))[0]
         except RetrievalError as e:
             raise ToolError(f"retrieval failed ({e})") from None
+        return self.output(query, hits)
+
+    def output(self, query: str, hits: list[Any]) -> ToolOutput:
         info = {"query": query, "hits": [{"id": h.id, "title": h.title, "text": h.text} for h in hits]}
         return ToolOutput(format_hits(hits), None, info)

@@ -39,7 +39,10 @@ def world_examples(split: str, seed: int = 0, hops: Any = (2,), kinds: Any = ("b
     for kind in kinds:
         if kind == "comparison":
             for part in (sorted(set(titles) - held), sorted(held)):
-                comparisons += [dataclasses.replace(q, id=f"{q.id}|{'test' if part[0] in held else 'train'}") for q in W.questions(w, 2, kind, part)]
+                comparisons += [
+                    dataclasses.replace(q, id=f"{q.id}|{'test' if part[0] in held else 'train'}")
+                    for q in W.questions(w, 2, kind, part)
+                ]
             continue
         for h in hops:
             for q in W.questions(w, int(h), kind, titles):

@@ -69,7 +69,7 @@ class World:
 
 
 def make_world(
-    seed: int = 0, people: int = 240, works: int = 720, cities: int = 40, universities: int = 16
+    seed: int = 0, people: int = 60, works: int = 240, cities: int = 16, universities: int = 8
 ) -> World:
     rng = random.Random(seed)
     used: set[str] = set()
@@ -145,7 +145,11 @@ def questions(w: World, hops: int, kind: str, titles: list[str]) -> list[Questio
         if hops == 2:
             q, ans, chain = f'Where was the {role} of "{t}" born?', city, (t, person)
             uni = str(p["university"])
-            out.append(Question(f"b2u:{t}", f'Which university did the {role} of "{t}" attend?', uni, kind, (t, person)))
+            out.append(
+                Question(
+                    f"b2u:{t}", f'Which university did the {role} of "{t}" attend?', uni, kind, (t, person)
+                )
+            )
         elif hops == 3:
             q, ans, chain = (
                 f'In which country was the {role} of "{t}" born?',

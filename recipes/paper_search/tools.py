@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent_r1.retrieval.client import RetrievalError, make_retriever
 from agent_r1.tools import TOOLS, BaseTool, ToolError, ToolOutput
+from agent_r1.tools.search import Search
 from recipes.paper_search.graph import load_graph
-
-MAX_QUERY_CHARS = 300
 
 
 def _listing(papers: list[tuple[str, str]]) -> str:
@@ -18,31 +16,17 @@ def _listing(papers: list[tuple[str, str]]) -> str:
 
 
 @TOOLS.register("paper_search")
-class PaperSearch(BaseTool):
-    name = "search"
+class PaperSearch(Search):
+    """The search tool over the paper index, listing ``[id] title``."""
+
     description = "Search the paper index. Returns the ids and titles of the best matching papers."
     parameters: dict[str, Any] = {
         "type": "object",
         "properties": {"query": {"type": "string", "description": "keywords"}},
         "required": ["query"],
     }
-    timeout_s = 60.0
 
-    def __init__(self, topk: int = 3, index: str | None = None, url: str | None = None):
-        if topk < 1:
-            raise ValueError(f"search.topk must be >= 1, got {topk}")
-        self.topk, self.index, self.url = topk, index, url
-
-    async def execute(self, args: dict[str, Any]) -> ToolOutput:
-        query = " ".join(args["query"].split())
-        if not query:
-            raise ToolError("the query is empty")
-        if len(query) > MAX_QUERY_CHARS:
-            raise ToolError(f"the query has {len(query)} characters (max {MAX_QUERY_CHARS})")
-        try:
-            hits = (await make_retriever(self.index, self.url).search([query], self.topk))[0]
-        except RetrievalError as e:
-            raise ToolError(f"retrieval failed ({e})") from None
+    def output(self, query: str, hits: list[Any]) -> ToolOutput:
         papers = [(h.id, h.title) for h in hits]
         return ToolOutput(_listing(papers), None, {"query": query, "papers": [p[0] for p in papers]})
 

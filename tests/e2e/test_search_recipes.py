@@ -40,7 +40,7 @@ def test_hotpotqa_steppo_short_run(tmp_path):
     s = check_finished(r, run, 2)
     assert s["algorithm"] == "steppo"
     meta = json.loads((tmp_path / "index" / "meta.json").read_text())
-    assert meta["passages"] > 1000 and meta["source"].startswith("recipe hotpotqa seed 0")
+    assert meta["passages"] > 300 and meta["source"].startswith("recipe hotpotqa seed 0")
     # the warm start's demonstrations searched through the run's retriever role (the learner),
     # and the workers' search tools use it too
     assert "retriever for" in (run / "logs" / "retriever_0.log").read_text()

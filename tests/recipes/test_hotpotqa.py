@@ -151,7 +151,7 @@ def test_world_is_seeded_and_splits_are_disjoint():
     assert [r.prompt[-1] for r in a] == [r.prompt[-1] for r in D.build_rows("train", 50, seed=0)]
     assert [r.prompt[-1] for r in a] != [r.prompt[-1] for r in D.build_rows("train", 50, seed=1)]
     train, test = D.build_rows("train", seed=0), D.build_rows("test", seed=0)
-    assert (len(train), len(test)) == (1296, 144)
+    assert (len(train), len(test)) == (432, 48)
     # held-out questions are new; their works appear in training under the other question type
     assert not {r.prompt[-1]["content"] for r in train} & {r.prompt[-1]["content"] for r in test}
     train_works = {r.extra_info["hops"][0] for r in train}

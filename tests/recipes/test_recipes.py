@@ -7,6 +7,7 @@ from scripted import ScriptedPolicy
 
 from agent_r1.agent.flow import AGENTS, FlowConfig
 from agent_r1.data.rows import RowError
+from agent_r1.rewards import REWARDS
 from agent_r1.tools import TOOLS
 from agent_r1.tools.calculator import evaluate
 from recipes import RECIPES, load_recipe
@@ -17,7 +18,7 @@ def test_every_recipe_registers_its_agent_and_builds_rows():
         data = load_recipe(name)
         rows = data.build_rows(split="train", num=3, seed=1)
         assert len(rows) == 3 and all(r.agent_name in AGENTS for r in rows)
-        assert all(r.reward_model["style"] in ("math_number", "qa_em") for r in rows)
+        assert all(r.reward_model["style"] in REWARDS for r in rows)
         assert data.corpus()
 
 
