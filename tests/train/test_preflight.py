@@ -122,3 +122,22 @@ def test_prompts_longer_than_the_budget_are_refused(codec):
     flow = FlowConfig(max_steps=3, max_obs_tokens=8, max_action_tokens=4)
     problems = asyncio.run(_check_rows([_row(), _row()], "test", codec, flow))
     assert any("every first observation is longer than rollout.max_obs_tokens=8" in p for p in problems)
+
+
+@pytest.mark.parametrize(
+    "overrides,msg",
+    [
+        (["retrieval.index=null"], "recipe hotpotqa searches: set retrieval.index=DIR (built when missing)"),
+        (
+            ["retrieval.index=/nonexistent/idx", "retrieval.build=false"],
+            "retrieval.index=/nonexistent/idx does not exist and retrieval.build=false; build it with: "
+            "agent-r1 index build --corpus PASSAGES.jsonl --out /nonexistent/idx",
+        ),
+    ],
+)
+def test_missing_index_is_refused_naming_the_command(overrides, msg):
+    from agent_r1.train.preflight import retrieval_problems
+
+    assert retrieval_problems(load_config(["+experiment=hotpotqa_steppo", *overrides])) == [msg]
+    assert retrieval_problems(load_config(["+experiment=hotpotqa_steppo"])) == []  # built when missing
+    assert retrieval_problems(load_config(["+experiment=quickstart"])) == []  # no search, no index
