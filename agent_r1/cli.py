@@ -291,9 +291,12 @@ def _index_build(a: argparse.Namespace) -> int:
     if a.corpus:
         passages, source = a.corpus, a.corpus
     elif a.dataset:
-        from recipes.hotpotqa.loaders import dataset_passages
+        from recipes.hotpotqa.loaders import DatasetError, dataset_passages
 
-        passages, source = dataset_passages(a.dataset), " ".join(a.dataset)
+        try:
+            passages, source = dataset_passages(a.dataset), " ".join(a.dataset)
+        except DatasetError as e:
+            raise SystemExit(f"agent-r1 index build: {e}") from None
     else:
         from recipes import load_recipe
 
@@ -301,7 +304,10 @@ def _index_build(a: argparse.Namespace) -> int:
             load_recipe(a.recipe).passages(seed=a.seed),
             f"recipe {a.recipe} seed {a.seed} (command line)",
         )
-    meta = build_index(passages, a.out, dense=a.dense, source=source)
+    try:
+        meta = build_index(passages, a.out, dense=a.dense, source=source)
+    except (ValueError, OSError) as e:  # a missing or malformed corpus: named by the reader
+        raise SystemExit(f"agent-r1 index build: {e}") from None
     print(json.dumps(meta))
     return 0
 

@@ -29,6 +29,14 @@ from recipes.paper_search.graph import load_graph
 from recipes.paper_search.selector import SELECTORS
 
 PENALTY = 0.5
+
+
+async def _maybe_await(x: Any) -> Any:
+    import inspect
+
+    return await x if inspect.isawaitable(x) else x
+
+
 _ID = re.compile(r"\bP\d{4}\b")
 
 
@@ -59,6 +67,7 @@ class PaperSearchEnv(ToolEnv):
         graph: str | None = None,
         seed: int = 0,
         selector: str = "lexical",
+        selector_kwargs: dict[str, Any] | None = None,
         select_threshold: float = 0.75,
         discretize: float | None = None,
         call_cost: float = 0.0,
@@ -74,7 +83,7 @@ class PaperSearchEnv(ToolEnv):
         tool_kwargs.setdefault("expand", {"graph": graph, "seed": seed})
         super().__init__(codec, context="rewrite", **kwargs)
         self.graph = load_graph(graph, seed)
-        self.selector = SELECTORS.get(selector)()
+        self.selector = SELECTORS.get(selector)(**(selector_kwargs or {}))
         self.select_threshold, self.discretize, self.call_cost = select_threshold, discretize, call_cost
         self.show_candidates, self.max_prompt_tokens = show_candidates, max_prompt_tokens
         self.query, self.relevant = "", set()
@@ -156,12 +165,19 @@ class PaperSearchEnv(ToolEnv):
                     self.pool.setdefault(pid, 0.0)
                 self.history_lines.append(f"[Expand] {pid}")
             new += [p for p in o.info.get("papers", []) if p not in self.pool and p not in new]
-        scores = self.selector.scores(self.query, [self.graph.papers[p] for p in new])
-        for p, s in zip(new, scores, strict=True):
+        unscored = [p for p in self.expanded if self.pool[p] == 0.0 and p not in new]  # found by id only
+        try:
+            scores = await _maybe_await(
+                self.selector.scores(self.query, [self.graph.papers[p] for p in new + unscored])
+            )
+        except Exception as e:  # noqa: BLE001 - a dead judge: error feedback, the episode goes on
+            self.errors.append(
+                f"Error: the selector failed ({type(e).__name__}: {e}); these papers are unscored"
+            )
+            scores = [0.0] * (len(new) + len(unscored))
+        for p, s in zip(new + unscored, scores, strict=True):
             self.pool[p] = s
-        for p in self.expanded:  # an expanded paper found only by its id gets scored too
-            if self.pool[p] == 0.0 and p not in new:
-                self.pool[p] = self.selector.scores(self.query, [self.graph.papers[p]])[0]
+        scores = scores[: len(new)]
         gains = sorted(scores, reverse=True)[:3]
         if self.discretize is not None:
             gains = [1.0 if s >= self.discretize else 0.0 for s in gains]

@@ -1,17 +1,23 @@
 """Selectors: how relevant a paper is to the user's query, in [0, 1] (PaSa's selector role).
 
 ``lexical``: the fraction of the query's content words found in the paper's title and abstract;
-``embedding``: cosine similarity of MiniLM embeddings, clipped to [0, 1]. Both run offline. An LLM
-judge on a rollout server is the upstream choice and plugs in the same way (a registered class
-with ``scores``).
+``embedding``: cosine similarity of MiniLM embeddings, clipped to [0, 1]; ``llm``: an LLM judge on
+a rollout server (SGLang or ``agent-r1 serve``, any chat model): P(Yes) / (P(Yes) + P(No)) for
+"is this paper relevant?", from two prefills through the same ``/generate`` the teacher uses.
+``scores`` may be a coroutine (the environment awaits it).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
 from agent_r1.registry import Registry
+
+JUDGE_PROMPT = (
+    "Query: {query}\nPaper: {title}. {abstract}\nIs this paper relevant to the query? Answer Yes or No."
+)
 
 STOPWORDS = {"find", "papers", "paper", "about", "on", "the", "a", "an", "of", "for", "and", "in", "with", "to", "work", "research", "which", "what", "study", "studies", "search", "that", "are", "is", "list", "please"}  # fmt: skip
 _WORD = re.compile(r"[a-z0-9]+")
@@ -50,3 +56,62 @@ class EmbeddingSelector(Selector):
             return []
         e = self.embed([query] + [f"{p.title}. {p.abstract}" for p in papers])
         return [float(min(max(x, 0.0), 1.0)) for x in e[1:] @ e[0]]
+
+
+@functools.lru_cache(maxsize=4)
+def _codec(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    from agent_r1.agent.chat import ChatCodec
+
+    return ChatCodec(AutoTokenizer.from_pretrained(path))
+
+
+@SELECTORS.register("llm")
+class LLMSelector(Selector):
+    """An LLM judge behind ``url`` (a server or router); ``tokenizer``: the judge model's HF folder."""
+
+    def __init__(self, url: str, tokenizer: str, api_key: str | None = None, timeout_s: float = 60.0):
+        self.codec = _codec(tokenizer)
+        self.url, self.api_key, self.timeout_s = url, api_key, timeout_s
+        self.answers = [self.codec.encode(w) for w in ("Yes", "No")]
+
+    async def _logprob(self, client: Any, prompt: list[int], answer: list[int]) -> float:
+        body = {
+            "input_ids": prompt + answer,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            "return_logprob": True,
+            "logprob_start_len": len(prompt),
+        }
+        out = await client.generate_raw(body)
+        return sum(float(x[0]) for x in out["meta_info"]["input_token_logprobs"])
+
+    async def scores(self, query: str, papers: list[Any]) -> list[float]:
+        import asyncio
+        import math
+
+        from agent_r1.rollout.client import RolloutClient
+
+        client = RolloutClient(servers=[self.url], timeout_s=self.timeout_s, api_key=self.api_key)
+        try:
+            prompts = [
+                self.codec.encode_chat(
+                    [
+                        {
+                            "role": "user",
+                            "content": JUDGE_PROMPT.format(query=query, title=p.title, abstract=p.abstract),
+                        }
+                    ]
+                )
+                for p in papers
+            ]
+            lps = await asyncio.gather(
+                *(self._logprob(client, pr, a) for pr in prompts for a in self.answers)
+            )
+        finally:
+            await client.close()
+        out = []
+        for yes, no in zip(lps[0::2], lps[1::2], strict=True):
+            m = max(yes, no)
+            out.append(math.exp(yes - m) / (math.exp(yes - m) + math.exp(no - m)))
+        return out

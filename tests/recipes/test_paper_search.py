@@ -155,3 +155,47 @@ def test_user_graph_and_pasa_query_file(tmp_path, codec, paper_index):
     broken.write_text(json.dumps({"id": "1", "title": 5, "abstract": "x"}) + "\n")
     with pytest.raises(GraphError, match="broken.jsonl:1: 'title' must be a str"):
         read_graph(broken)
+
+
+def test_llm_selector_matches_the_hf_model(tiny_model_dir, tmp_path):
+    """The LLM judge's P(Yes) / (P(Yes) + P(No)) from the server equals a float64 HF recomputation."""
+    import math
+
+    import torch
+    from rollout_servers import ServerProc
+    from transformers import AutoModelForCausalLM
+
+    from recipes.paper_search.selector import JUDGE_PROMPT
+
+    g = load_graph(None, 0)
+    papers = [g.papers["P0000"], g.papers["P0100"]]
+    s = ServerProc(tiny_model_dir, tmp_path, "judge")
+    try:
+        sel = SELECTORS.get("llm")(url=s.url, tokenizer=str(tiny_model_dir))
+        got = asyncio.run(sel.scores("Find papers about robust token pruning.", papers))
+    finally:
+        s.kill()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64).eval()
+    codec = sel.codec
+    for p, score in zip(papers, got, strict=True):
+        text = JUDGE_PROMPT.format(
+            query="Find papers about robust token pruning.", title=p.title, abstract=p.abstract
+        )
+        prompt = codec.encode_chat([{"role": "user", "content": text}])
+        lp = []
+        for ans in sel.answers:
+            ids = torch.tensor([prompt + ans])
+            with torch.no_grad():
+                logp = torch.log_softmax(model(ids).logits[0], -1)
+            lp.append(sum(float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(ans)))
+        want = math.exp(lp[0]) / (math.exp(lp[0]) + math.exp(lp[1]))
+        assert 0.0 < score < 1.0 and score == pytest.approx(want, abs=1e-4)
+
+
+def test_dead_llm_selector_is_error_feedback(codec, paper_index, tiny_model_dir):
+    row = D.build_rows("test", 1, seed=0)[0]
+    script = [format_tool_call("search", {"query": row.extra_info["phrase"]}), "Done."]
+    kwargs = {"url": "http://127.0.0.1:9", "tokenizer": str(tiny_model_dir)}
+    traj = _run(codec, row, script, selector="llm", selector_kwargs=kwargs)
+    assert len(traj.steps) == 2 and traj.steps[0].reward == 0.0  # nothing scored, nothing paid
+    assert "the selector failed" in codec.decode(traj.steps[1].obs_token_ids)

@@ -156,3 +156,17 @@ def test_no_retriever_configured_is_a_clear_error():
     set_default(None)
     with pytest.raises(ToolError, match="no retriever configured: set retrieval.index"):
         asyncio.run(TOOLS.get("search")().execute({"query": "x"}))
+
+
+def test_index_build_errors_name_the_file(tmp_path):
+    bad = tmp_path / "corpus.jsonl"
+    bad.write_text('{"id": "1", "contents": "ok"}\n{"id": "2"}\n')
+    for args, needle in [
+        (["--corpus", str(bad)], f"agent-r1 index build: {bad}:2: passage needs 'contents' or 'text'"),
+        (["--dataset", str(tmp_path / "none.json")], "none.json does not exist"),
+    ]:
+        r = subprocess.run(
+            [*CLI, "index", "build", *args, "--out", str(tmp_path / "idx")], capture_output=True, text=True
+        )
+        assert r.returncode == 1 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "idx").exists() and not (tmp_path / "idx.tmp").exists()
