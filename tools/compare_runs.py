@@ -5,7 +5,7 @@ python tools/compare_runs.py runs/hotpotqa_steppo runs/hotpotqa_grpo --metric em
     --out docs/hotpotqa_curves.png
 
 For each run: the metric (``eval/<metric>``) at iteration 0 (after the warm start) and at the last
-evaluation, the held-out steps and tool calls per trajectory at the end, and the wall time.
+evaluation, the held-out steps and tool calls per trajectory at both, and the wall time.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ def summarize(run: Path, metric: str) -> dict:
         "curve": curve,
         "before": curve[0][1],
         "after": curve[-1][1],
-        "steps": s["eval/steps_per_trajectory"][-1][1],
-        "tool_calls": s["eval/tool_calls_per_trajectory"][-1][1],
+        "steps": (s["eval/steps_per_trajectory"][0][1], s["eval/steps_per_trajectory"][-1][1]),
+        "tool_calls": (s["eval/tool_calls_per_trajectory"][0][1], s["eval/tool_calls_per_trajectory"][-1][1]),
         "wall_s": summary["wall_seconds"],
     }
 
@@ -47,7 +47,8 @@ def main() -> None:
     for r in rows:
         print(
             f"| `{r['run']}` | {r['algorithm']} | {r['before']:.3f} | **{r['after']:.3f}** | "
-            f"{r['after'] - r['before']:+.3f} | {r['steps']:.2f} | {r['tool_calls']:.2f} | {r['wall_s']:.0f} s |"
+            f"{r['after'] - r['before']:+.3f} | {r['steps'][0]:.2f} → {r['steps'][1]:.2f} | "
+            f"{r['tool_calls'][0]:.2f} → {r['tool_calls'][1]:.2f} | {r['wall_s']:.0f} s |"
         )
     if a.out:
         import matplotlib
