@@ -480,7 +480,10 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(fn=_sweep_task)
 
     ro = sub.add_parser("role", help="run one role of a run (used by the launchers and Slurm jobs)")
-    ro.add_argument("role", choices=["learner", "server", "teacher", "worker", "router", "retriever"])
+    ro.add_argument(
+        "role",
+        help="learner, server, worker, router, retriever, or a helper model's name (teacher, selector, ...)",
+    )
     ro.add_argument(
         "--supervise",
         action="store_true",

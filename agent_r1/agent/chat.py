@@ -8,6 +8,7 @@ The tool-schema system prompt follows the Qwen2.5/Hermes convention.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -63,6 +64,14 @@ CHATML_JINJA = (
 
 class ChatCodec:
     """Turns chat messages into token ids (and actions back into text) for a ChatML tokenizer."""
+
+    @classmethod
+    @functools.lru_cache(maxsize=8)
+    def load(cls, path: str) -> ChatCodec:
+        """The codec of the HF folder ``path`` (cached: environments built per episode share it)."""
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(path))
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer

@@ -7,8 +7,12 @@ what of it the model sees next:
 - ``append``: everything (the observation extends the previous one: prefix merging applies);
 - ``sliding_window``: the prefix, the first ``keep_first`` turns (the task) and as many of the
   newest turns as fit in ``max_tokens``; never cuts the prefix or a turn in half;
-- ``summarize``: when over ``max_tokens``, older turns are replaced by one summary turn produced by
-  a hook (which may call a model); the summary then stays in the history;
+- ``summarize``: when over ``max_tokens``, older turns are replaced by one summary turn; the summary
+  then stays in the history. ``summarizer``: ``extractive`` (the start of each folded turn), or the
+  name of a served model that writes it — ``policy`` (the model being trained, through the run's
+  rollout servers) or a helper model (``rollout.helpers.summarizer=HF_DIR``). The summary is part
+  of the next observation, not of an action: it is never trained on, and the step's ``prefix_len``
+  (shared with the previous step's context) ends where the folded turns began;
 - ``rewrite``: the environment re-renders the turns from its own state each step.
 """
 
@@ -106,13 +110,20 @@ class SummarizeContext(ContextManager):
         max_tokens: int,
         keep_first: int = 1,
         keep_last: int = 2,
-        summarizer: Summarizer | None = None,
+        summarizer: Summarizer | str = "extractive",
+        summary_tokens: int = 128,
     ):
         super().__init__(codec)
         if max_tokens <= 0:
             raise ValueError(f"context.max_tokens must be > 0, got {max_tokens}")
+        if summary_tokens < 1:
+            raise ValueError(f"context.summary_tokens must be >= 1, got {summary_tokens}")
         self.max_tokens, self.keep_first, self.keep_last = max_tokens, keep_first, keep_last
-        self.summarizer = summarizer or extractive_summary
+        if summarizer == "extractive":
+            summarizer = extractive_summary
+        elif isinstance(summarizer, str):
+            summarizer = served_summarizer(summarizer, summary_tokens)
+        self.summarizer = summarizer
 
     async def update(self, history: History) -> None:
         gen = len(self.codec.generation_prompt_ids)
@@ -145,6 +156,27 @@ def model_summarizer(generate: Any, codec: ChatCodec, sampling: Any) -> Summariz
         return codec.decode_action(out.token_ids)
 
     return summarize
+
+
+def served_summarizer(model: str, max_new_tokens: int) -> Summarizer:
+    """``model_summarizer`` over a served model by name (``policy`` or a helper model), greedy."""
+    from agent_r1.rollout.protocol import SamplingParams
+    from agent_r1.rollout.served import served
+
+    target = served(model)  # fails now, naming the config key, when the run serves no such model
+    codec = ChatCodec.load(target.model)
+    sampling = SamplingParams(
+        temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=list(codec.stop_token_ids)
+    )
+
+    async def generate(ids: list[int], params: Any) -> Any:
+        client = await target.client()
+        try:
+            return await client(ids, params)
+        finally:
+            await client.close()
+
+    return model_summarizer(generate, codec, sampling)
 
 
 def build_context(codec: ChatCodec, name: str = "append", **kwargs: Any) -> ContextManager:

@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from agent_r1.algos.advantages import AdvantageConfig
 from agent_r1.algos.losses import LossConfig
 from agent_r1.learner.optim import OptimConfig
+from agent_r1.rollout.served import RESERVED
 from agent_r1.rollout.sglang import SGLangConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -152,6 +153,9 @@ class RolloutConfig:
     sglang: SGLangConfig = field(default_factory=SGLangConfig)  # engine=sglang: launch flags
     router: bool = False  # the real sglang-router in front of the servers (workers talk to it)
     router_policy: str = "cache_aware"  # random | round_robin | cache_aware | power_of_two
+    # other models served beside the policy, each by a role of its name, e.g. {selector: HF_DIR}
+    # (paper_search's LLM judge) or {summarizer: HF_DIR}; the OPD teacher is algorithm.teacher
+    helpers: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check(
@@ -181,6 +185,14 @@ class RolloutConfig:
         )
         for k in ("max_steps", "max_obs_tokens", "max_action_tokens", "max_concurrency", "bucket_mb"):
             _check(getattr(self, k) >= 1, f"rollout.{k}", f"must be >= 1, got {getattr(self, k)}")
+        for name, path in self.helpers.items():
+            _check(
+                name.isidentifier() and name not in (*RESERVED, "teacher"),
+                f"rollout.helpers.{name}",
+                f"a helper model needs a name of its own (not {', '.join(RESERVED)}; the OPD "
+                "teacher is algorithm.teacher)",
+            )
+            _check(bool(path), f"rollout.helpers.{name}", "needs the HF folder of the model")
 
 
 @dataclass

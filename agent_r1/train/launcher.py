@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_r1.process import die_with_parent
+from agent_r1.rollout.served import helper_models
 from agent_r1.train.config import TrainConfig, to_yaml
 from agent_r1.train.roles import role_command
 from agent_r1.train.run_dir import RunDir, RunLock, atomic_write_json
@@ -49,7 +50,7 @@ def prepare_run(cfg: TrainConfig, local: bool = True) -> RunDir:
         )
     ensure_model(cfg)
     ensure_index(cfg)
-    raise_problems(data_problems(cfg))
+    raise_problems(data_problems(cfg, rd))
     rd.config.write_text(to_yaml(cfg))
     rd.stop_flag.unlink(missing_ok=True)
     return rd
@@ -185,7 +186,9 @@ class LocalLauncher:
             self.rd.control / "launch.json",
             {"launch_id": self.launch, "time": time.time(), "launcher": "local"},
         )
-        for stale in list(self.rd.servers.glob("*.json")) + list(self.rd.teachers.glob("*.json")):
+        helpers = helper_models(cfg)
+        folders = [self.rd.servers] + [self.rd.helper_dir(h) for h in helpers]
+        for stale in [p for d in folders for p in d.glob("*.json")]:
             stale.unlink()  # addresses of a previous launch
         self.rd.router_file.unlink(missing_ok=True)
         self.rd.shutdown_flag.unlink(missing_ok=True)
@@ -204,8 +207,8 @@ class LocalLauncher:
             raise SystemExit(
                 "rollout.engine=sglang needs GPU nodes: use `agent-r1 launch` on a Slurm cluster"
             )
-        if cfg.algorithm.teacher:
-            self.add("teacher_0", "teacher", 0, restartable=True)
+        for h in helpers:  # the OPD teacher, an LLM judge, a summariser: one server each
+            self.add(f"{h}_0", h, 0, restartable=True)
         for i in range(cfg.rollout.workers):
             self.add(f"worker_{i}", "worker", i, restartable=True)
         world = cfg.parallel.learner_ranks
@@ -256,7 +259,7 @@ class LocalLauncher:
                         "%s exited with %s; restarting it (%d)", p.name, p.popen.returncode, p.restarts
                     )
                     (self.rd.servers / f"{p.name}.json").unlink(missing_ok=True)
-                    (self.rd.teachers / f"{p.name}.json").unlink(missing_ok=True)
+                    (self.rd.helper_dir(p.name.rpartition("_")[0]) / f"{p.name}.json").unlink(missing_ok=True)
                     if p.name.startswith("router_"):
                         self.rd.router_file.unlink(missing_ok=True)
                     p.start()

@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from agent_r1.rollout.served import helper_models
 from agent_r1.train.config import ConfigError, TrainConfig
 
 log = logging.getLogger("agent_r1.preflight")
@@ -57,6 +58,12 @@ def model_problems(cfg: TrainConfig, local: bool = True) -> list[str]:
                 f"model.path: {path} does not exist, and the preset builds its tiny model only at "
                 f"model.build.at={m.build.at}: fix the path, or set model.build.at={path} to build there"
             )
+    for name, hpath in helper_models(cfg).items():
+        if not (Path(hpath) / "config.json").exists() and not (
+            m.build is not None and Path(hpath).resolve() == Path(m.build.at).resolve()
+        ):
+            key = "algorithm.teacher" if name == "teacher" else f"rollout.helpers.{name}"
+            out.append(f"{key}: {hpath} has no config.json (not a HuggingFace model folder)")
     dims = model_dims(cfg)
     if dims:
         if par.pp > 1 and dims["layers"] % par.pp:
@@ -94,10 +101,11 @@ def model_problems(cfg: TrainConfig, local: bool = True) -> list[str]:
     return out
 
 
-def data_problems(cfg: TrainConfig) -> list[str]:
+def data_problems(cfg: TrainConfig, rd: Any = None) -> list[str]:
     """Every data row of both splits (up to ``ROWS_CHECKED``) as the rollout would use it: its
     agent, its environment built with its options and reset, its reward style and ground truth,
-    and its first observation against the token budget. Needs the model's tokenizer."""
+    and its first observation against the token budget. Needs the model's tokenizer. ``rd``: the
+    run directory, whose served models (policy, helpers) environments may name."""
     from transformers import AutoTokenizer
 
     from agent_r1.agent.chat import ChatCodec
@@ -106,6 +114,10 @@ def data_problems(cfg: TrainConfig) -> list[str]:
     from agent_r1.train.rows import shared_file_problems, split_rows
 
     r = cfg.recipe
+    if rd is not None:
+        from agent_r1.rollout.served import use_run_models
+
+        use_run_models(cfg, rd)  # registers names only: nothing is asked before the run starts
     codec = ChatCodec(AutoTokenizer.from_pretrained(cfg.model.path))
     flow_cfg = FlowConfig(
         max_steps=cfg.rollout.max_steps,

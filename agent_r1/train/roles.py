@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent_r1.rollout.served import helper_models
 from agent_r1.train.run_dir import RunDir, atomic_write_json, node_address, read_json
 from agent_r1.train.tasks import RoleTimeout
 
@@ -94,7 +95,8 @@ def _file_logging(rd: RunDir, name: str) -> None:
 
 
 def run_role(role: str, run_dir: str, index: int | None = None) -> int:
-    """``agent-r1 role learner|server|teacher|worker --run-dir D``."""
+    """``agent-r1 role learner|server|worker|router|retriever|HELPER --run-dir D`` (``HELPER``: a
+    helper model of the run, e.g. ``teacher`` or ``selector``)."""
     from agent_r1.logging import setup_logging
     from agent_r1.train.config import from_yaml
 
@@ -135,11 +137,12 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
         # Ctrl-C reaches the whole process group: the launcher turns it into a stop request and
         # stops servers and workers itself once the learners have checkpointed
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if role in ("server", "teacher"):
+    helpers = helper_models(cfg)
+    if role == "server" or role in helpers:
         from agent_r1.rollout.server import serve
 
-        folder = rd.servers if role == "server" else rd.teachers
-        model = cfg.model.path if role == "server" else cfg.algorithm.teacher
+        folder = rd.servers if role == "server" else rd.helper_dir(role)
+        model = cfg.model.path if role == "server" else helpers[role]
         if cfg.rollout.engine == "sglang":
             from agent_r1.rollout.sglang import run_sglang
 
@@ -201,7 +204,8 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
         torch.set_num_threads(1)
         Worker(cfg, rd, idx).serve_forever()
         return 0
-    raise ValueError(f"unknown role {role!r}: learner, server, teacher, worker, router or retriever")
+    known = ", ".join(["learner", "server", "worker", "router", "retriever", *helpers])
+    raise ValueError(f"unknown role {role!r} in this run: {known}")
 
 
 def _join_router(cfg: Any, rd: RunDir):
@@ -290,8 +294,9 @@ def supervise(role: str, run_dir: str, index: int | None = None, max_restarts: i
         if restarts > max_restarts:
             log.error("%s died %d times (last exit %s): giving up", name, restarts, rc)
             return rc
-        for folder in (rd.servers, rd.teachers):  # its address is dead; the replacement publishes anew
-            (folder / f"{name}.json").unlink(missing_ok=True)
+        # its address is dead; the replacement publishes anew
+        (rd.servers / f"{name}.json").unlink(missing_ok=True)
+        (rd.helper_dir(role) / f"{name}.json").unlink(missing_ok=True)
         delay = min(2 ** (restarts - 1), 30)
         log.warning(
             "%s exited with %s; restarting it in %d s (%d/%d)", name, rc, delay, restarts, max_restarts

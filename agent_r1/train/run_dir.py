@@ -72,7 +72,7 @@ class RunDir:
     weights = property(lambda self: self.root / "weights")
     control = property(lambda self: self.root / "control")
     servers = property(lambda self: self.root / "control" / "servers")
-    teachers = property(lambda self: self.root / "control" / "teachers")
+    teachers = property(lambda self: self.helper_dir("teacher"))
     tasks = property(lambda self: self.root / "control" / "tasks")
     roles = property(lambda self: self.root / "control" / "roles")
     logs = property(lambda self: self.root / "logs")
@@ -100,6 +100,10 @@ class RunDir:
         ):
             d.mkdir(parents=True, exist_ok=True)
         return self
+
+    def helper_dir(self, name: str) -> Path:
+        """Where the servers of the helper model ``name`` publish their addresses."""
+        return self.root / "control" / f"{name}s"
 
     def publish_role(self, name: str, info: dict[str, Any]) -> None:
         """Where a role runs (host, address, pid): for humans and for the other roles."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent_r1.rollout.served import helper_models
 from agent_r1.train.config import ConfigError, TrainConfig, load_config
 from agent_r1.train.run_dir import RunDir, RunLock
 
@@ -164,8 +165,8 @@ def render_job(
     server_gpus = cfg.rollout.sglang.tp if cfg.rollout.engine == "sglang" else 1
     server_opt = [f"--gpus-per-task={server_gpus}"] if c.gpus_per_node else []
     rollout_roles = [("server", lay.servers, server_opt, []), ("worker", lay.workers, [], [])]
-    if cfg.algorithm.teacher:
-        rollout_roles.append(("teacher", 1, gpu_opt, ["--index", "0"]))
+    for helper in helper_models(cfg):  # the OPD teacher, an LLM judge, a summariser: a GPU each
+        rollout_roles.append((helper, 1, gpu_opt, ["--index", "0"]))
     if cfg.rollout.router:  # first: servers register with it as they come up
         rollout_roles.insert(0, ("router", 1, [], ["--index", "0"]))
     if cfg.retrieval.index and cfg.retrieval.serve:  # the workers' shared index, on a rollout node

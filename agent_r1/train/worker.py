@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from agent_r1.retrieval.client import use_run_retriever
+from agent_r1.rollout.served import use_run_models
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.metrics import episode_stats
 from agent_r1.train.run_dir import RunDir
@@ -80,6 +81,7 @@ class Worker:
         self._rows: dict[str, list[Any]] = {}
         self.api_key = rd.api_key()
         use_run_retriever(cfg, rd)
+        use_run_models(cfg, rd)
 
     def rows(self, split: str) -> list[Any]:
         if split not in self._rows:
@@ -182,7 +184,7 @@ class Worker:
         gen_s = time.time() - t0
         table = records_to_table([s for t in trajs for s in t.steps])
         if task.teacher:
-            teachers = discover_servers(self.rd.root, "teachers")
+            teachers = discover_servers(self.rd.root, self.rd.teachers.name)
             tclient = RolloutClient(servers=teachers, timeout_s=rc.request_timeout_s, api_key=self.api_key)
             try:
                 lps = await teacher_logprobs(tclient, trajs)

@@ -3,13 +3,15 @@
 ``lexical``: the fraction of the query's content words found in the paper's title and abstract;
 ``embedding``: cosine similarity of MiniLM embeddings, clipped to [0, 1]; ``llm``: an LLM judge on
 a rollout server (SGLang or ``agent-r1 serve``, any chat model): P(Yes) / (P(Yes) + P(No)) for
-"is this paper relevant?", from two prefills through the same ``/generate`` the teacher uses.
+"is this paper relevant?", from two prefills through the same ``/generate`` the teacher uses. In a
+run the judge is the helper model ``selector`` (``rollout.helpers.selector=HF_DIR``: the launcher
+serves it by a ``selector`` role, on the rollout nodes of a Slurm job); ``url`` + ``tokenizer``
+name a judge served elsewhere.
 ``scores`` may be a coroutine (the environment awaits it).
 """
 
 from __future__ import annotations
 
-import functools
 import re
 from typing import Any
 
@@ -58,23 +60,35 @@ class EmbeddingSelector(Selector):
         return [float(min(max(x, 0.0), 1.0)) for x in e[1:] @ e[0]]
 
 
-@functools.lru_cache(maxsize=4)
-def _codec(path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    from agent_r1.agent.chat import ChatCodec
-
-    return ChatCodec(AutoTokenizer.from_pretrained(path))
-
-
 @SELECTORS.register("llm")
 class LLMSelector(Selector):
-    """An LLM judge behind ``url`` (a server or router); ``tokenizer``: the judge model's HF folder."""
+    """An LLM judge: the run's helper model ``model`` or, with ``url`` (a server or router), the
+    one served there (``tokenizer``: its HF folder)."""
 
-    def __init__(self, url: str, tokenizer: str, api_key: str | None = None, timeout_s: float = 60.0):
-        self.codec = _codec(tokenizer)
+    def __init__(
+        self,
+        url: str | None = None,
+        tokenizer: str | None = None,
+        model: str = "selector",
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+    ):
+        from agent_r1.agent.chat import ChatCodec
+        from agent_r1.rollout.served import served
+
+        if url and not tokenizer:
+            raise ValueError("selector llm: a judge given by url needs tokenizer=HF_DIR of its model")
+        self.served = None if url else served(model)
+        self.codec = ChatCodec.load(tokenizer or self.served.model)
         self.url, self.api_key, self.timeout_s = url, api_key, timeout_s
         self.answers = [self.codec.encode(w) for w in ("Yes", "No")]
+
+    async def _client(self) -> Any:
+        from agent_r1.rollout.client import RolloutClient
+
+        if self.served is not None:
+            return await self.served.client(self.timeout_s)
+        return RolloutClient(servers=[self.url], timeout_s=self.timeout_s, api_key=self.api_key)
 
     async def _logprob(self, client: Any, prompt: list[int], answer: list[int]) -> float:
         body = {
@@ -90,9 +104,7 @@ class LLMSelector(Selector):
         import asyncio
         import math
 
-        from agent_r1.rollout.client import RolloutClient
-
-        client = RolloutClient(servers=[self.url], timeout_s=self.timeout_s, api_key=self.api_key)
+        client = await self._client()
         try:
             prompts = [
                 self.codec.encode_chat(

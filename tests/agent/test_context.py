@@ -73,3 +73,51 @@ def test_summarize_folds_old_turns(codec):
 def test_unknown_context_lists_known(codec):
     with pytest.raises(KeyError, match="append.*rewrite.*sliding_window.*summarize"):
         build_context(codec, "nope")
+
+
+def test_summary_written_by_the_served_policy(codec, tiny_model_dir, tmp_path):
+    """``summarizer=policy``: the summary turn holds the policy server's greedy continuation of
+    the summarising prompt, checked against a float64 HF greedy decode of the same prompt."""
+    import torch
+    from rollout_servers import ServerProc
+    from transformers import AutoModelForCausalLM
+
+    from agent_r1.rollout.served import ServedModel, register
+
+    h = _history(codec, n_pairs=5)
+    old = h.turns[1:-2]
+    s = ServerProc(tiny_model_dir, tmp_path, "policy")
+    try:
+        register(ServedModel("policy", str(tiny_model_dir), lambda: [s.url]))
+        ctx = build_context(
+            codec, "summarize", max_tokens=h.total_tokens() - 10, keep_last=2, summarizer="policy",
+            summary_tokens=6,
+        )  # fmt: skip
+        asyncio.run(ctx.update(h))
+    finally:
+        s.kill()
+    transcript = "\n".join(f"{t.role}: {t.text}" for t in old)
+    prompt = codec.encode_chat(
+        [
+            {
+                "role": "user",
+                "content": "Summarise these earlier steps briefly, keeping facts and numbers:\n" + transcript,
+            }
+        ]
+    )
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64).eval()
+    ids = list(prompt)
+    for _ in range(6):
+        with torch.no_grad():
+            nxt = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+        ids.append(nxt)
+        if nxt in codec.stop_token_ids:
+            break
+    want = "Summary of earlier steps:\n" + codec.decode_action(ids[len(prompt) :])
+    assert len(h.turns) == 4 and h.turns[1].text == want
+    assert h.turns[1].token_ids == codec.encode_message("user", want)
+
+
+def test_summary_by_an_unserved_model_fails_at_once(codec):
+    with pytest.raises(ValueError, match="rollout.helpers.nobody"):
+        build_context(codec, "summarize", max_tokens=100, summarizer="nobody")

@@ -158,13 +158,16 @@ def test_user_graph_and_pasa_query_file(tmp_path, codec, paper_index):
 
 
 def test_llm_selector_matches_the_hf_model(tiny_model_dir, tmp_path):
-    """The LLM judge's P(Yes) / (P(Yes) + P(No)) from the server equals a float64 HF recomputation."""
+    """The LLM judge's P(Yes) / (P(Yes) + P(No)) from the server equals a float64 HF recomputation;
+    the run's helper model ``selector`` (found by name, as the launcher's selector role serves it)
+    is the same judge."""
     import math
 
     import torch
     from rollout_servers import ServerProc
     from transformers import AutoModelForCausalLM
 
+    from agent_r1.rollout.served import ServedModel, register
     from recipes.paper_search.selector import JUDGE_PROMPT
 
     g = load_graph(None, 0)
@@ -173,6 +176,9 @@ def test_llm_selector_matches_the_hf_model(tiny_model_dir, tmp_path):
     try:
         sel = SELECTORS.get("llm")(url=s.url, tokenizer=str(tiny_model_dir))
         got = asyncio.run(sel.scores("Find papers about robust token pruning.", papers))
+        register(ServedModel("selector", str(tiny_model_dir), lambda: [s.url]))
+        helper = SELECTORS.get("llm")()
+        assert asyncio.run(helper.scores("Find papers about robust token pruning.", papers)) == got
     finally:
         s.kill()
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64).eval()

