@@ -14,6 +14,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent_r1.jsonfiles import iter_records
+
 
 class CorpusError(ValueError):
     pass
@@ -59,18 +61,8 @@ def passage_from_json(obj: object, where: str = "") -> Passage:
 
 
 def read_corpus(path: str | Path) -> Iterator[Passage]:
-    path = Path(path)
-    if not path.exists():
-        raise CorpusError(f"corpus {path} does not exist")
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise CorpusError(f"{path}:{n}: not JSON ({e})") from None
-            yield passage_from_json(obj, f"{path}:{n}")
+    for where, obj in iter_records(path, CorpusError, "corpus"):
+        yield passage_from_json(obj, where)
 
 
 def write_corpus(passages: Iterable[Passage], path: str | Path) -> int:

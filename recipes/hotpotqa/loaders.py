@@ -15,11 +15,11 @@ malformed row is an error naming the file, the row and the key.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent_r1.jsonfiles import iter_records
 from agent_r1.retrieval.corpus import Passage
 
 
@@ -35,25 +35,6 @@ class Example:
     hops: tuple[str, ...]  # supporting passage titles, in reasoning order
     kind: str
     passages: tuple[Passage, ...]
-
-
-def _records(path: Path) -> list[Any]:
-    if not path.exists():
-        raise DatasetError(f"{path} does not exist")
-    text = path.read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DatasetError(f"{path}: not JSON ({e})") from None
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{path}:{n}: not JSON ({e})") from None
-    return out
 
 
 def _need(row: Any, key: str, typ: type | tuple[type, ...], where: str) -> Any:
@@ -126,10 +107,8 @@ def _musique(row: dict[str, Any], where: str) -> Example:
 
 def read_examples(path: str | Path) -> list[Example]:
     """Every answerable example of a HotpotQA / 2Wiki / MuSiQue file (layout detected per row)."""
-    path = Path(path)
     out = []
-    for n, row in enumerate(_records(path)):
-        where = f"{path} row {n}"
+    for where, row in iter_records(path, DatasetError, "dataset file"):
         if isinstance(row, dict) and "paragraphs" in row:
             if row.get("answerable", True) is False:
                 continue

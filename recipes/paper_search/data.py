@@ -6,13 +6,13 @@ come from the selector; recall and F1 of the found set are the metrics.
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
 
 from agent_r1.agent.tool_calls import format_tool_call
 from agent_r1.data.rows import DataRow
+from agent_r1.jsonfiles import iter_records
 from agent_r1.retrieval.corpus import Passage
 from recipes.paper_search.graph import GraphError, load_graph
 
@@ -48,19 +48,9 @@ def read_queries(path: str | Path, graph: Any) -> list[DataRow]:
     """PaSa-style query files (JSON lines or a JSON list): ``{"question", "answer": [titles]}``
     and/or ``"answer_arxiv_id": [ids]``; relevant papers are matched to the graph by id, else by
     title (case-insensitive). A row naming no paper of the graph is an error (file, row, key)."""
-    path = Path(path)
-    if not path.exists():
-        raise GraphError(f"query file {path} does not exist")
-    text = path.read_text(encoding="utf-8")
-    rows = (
-        json.loads(text)
-        if text.lstrip().startswith("[")
-        else [json.loads(x) for x in text.splitlines() if x.strip()]
-    )
     by_title = {p.title.lower().strip(): p.id for p in graph.papers.values()}
     out = []
-    for n, r in enumerate(rows):
-        where = f"{path} row {n}"
+    for where, r in iter_records(path, GraphError, "query file"):
         if not isinstance(r, dict) or not isinstance(r.get("question"), str):
             raise GraphError(f"{where}: needs a string 'question'")
         ids = [str(i) for i in r.get("answer_arxiv_id", []) if str(i) in graph.papers]

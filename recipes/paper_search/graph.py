@@ -12,11 +12,11 @@ selector scores their papers low.
 from __future__ import annotations
 
 import functools
-import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent_r1.jsonfiles import iter_records
 from agent_r1.retrieval.corpus import Passage
 
 METHODS = ["sparse", "neural", "bayesian", "spectral", "federated", "contrastive", "robust", "adaptive",
@@ -124,20 +124,13 @@ def make_graph(seed: int = 0, topics: int = 100) -> PaperGraph:
 
 def read_graph(path: str | Path) -> PaperGraph:
     """A user's paper graph: one ``{"id", "title", "abstract", "references"}`` per line."""
-    path = Path(path)
-    if not path.exists():
-        raise GraphError(f"paper graph {path} does not exist")
     papers: dict[str, Paper] = {}
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            o = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise GraphError(f"{path}:{n}: not JSON ({e})") from None
+    for where, o in iter_records(path, GraphError, "paper graph"):
+        if not isinstance(o, dict):
+            raise GraphError(f"{where}: a paper must be a JSON object")
         for k, typ in (("id", str), ("title", str), ("abstract", str), ("references", list)):
             if not isinstance(o.get(k, [] if k == "references" else None), typ):
-                raise GraphError(f"{path}:{n}: {k!r} must be a {typ.__name__} (keys: {sorted(o)})")
+                raise GraphError(f"{where}: {k!r} must be a {typ.__name__} (keys: {sorted(o)})")
         papers[o["id"]] = Paper(o["id"], o["title"], o["abstract"], [str(r) for r in o.get("references", [])])
     if not papers:
         raise GraphError(f"paper graph {path} is empty")

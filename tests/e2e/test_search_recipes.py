@@ -6,32 +6,16 @@ from __future__ import annotations
 
 import json
 
-from train_checks import check_finished, read_records, train
+from train_checks import check_finished, read_records, reduced, train
 
 from agent_r1.train.plot import read_scalars
 
 
 def _short(preset: str, tmp_path, *extra: str) -> list[str]:
-    return [
-        f"+experiment={preset}",
-        f"model.path={tmp_path}/model",
-        f"model.build.at={tmp_path}/model",
-        f"retrieval.index={tmp_path}/index",
-        f"trainer.run_dir={tmp_path}/run",
-        "trainer.iterations=2",
-        "trainer.eval_every=1",
-        "trainer.checkpoint_every=1",
-        "trainer.progress=false",
-        "trainer.timeout_s=240",
-        "sft.steps=3",
-        "sft.demos=64",
-        "recipe.train_size=16",
-        "recipe.test_size=4",
-        "rollout.prompts_per_iteration=4",
-        "rollout.group_size=4",
-        "rollout.ready_timeout_s=120",
-        *extra,
-    ]
+    return reduced(
+        tmp_path / "model", tmp_path / "run", f"retrieval.index={tmp_path}/index", *extra,
+        preset=preset, build=True, demos=64, action_tokens=None,
+    )  # fmt: skip
 
 
 def test_hotpotqa_steppo_short_run(tmp_path):

@@ -34,11 +34,21 @@ EXPECTED_TAGS = [
 ]
 
 
-def reduced(model: Path, run_dir: Path, *extra: str) -> list[str]:
+def reduced(
+    model: Path,
+    run_dir: Path,
+    *extra: str,
+    preset: str = "quickstart",
+    build: bool = False,
+    demos: int = 16,
+    action_tokens: int | None = 24,
+) -> list[str]:
+    """A preset cut to a 2-iteration run; ``build``: the launcher builds the preset's tiny model
+    at ``model`` (else ``model`` exists); ``action_tokens=None`` keeps the preset's limit."""
     return [
-        "+experiment=quickstart",
+        f"+experiment={preset}",
         f"model.path={model}",
-        "model.build=null",
+        f"model.build.at={model}" if build else "model.build=null",
         f"trainer.run_dir={run_dir}",
         "trainer.iterations=2",
         "trainer.eval_every=1",
@@ -46,12 +56,12 @@ def reduced(model: Path, run_dir: Path, *extra: str) -> list[str]:
         "trainer.progress=false",
         "trainer.timeout_s=240",
         "sft.steps=3",
-        "sft.demos=16",
+        f"sft.demos={demos}",
         "recipe.train_size=16",
         "recipe.test_size=4",
         "rollout.prompts_per_iteration=4",
         "rollout.group_size=4",
-        "rollout.max_action_tokens=24",
+        *([f"rollout.max_action_tokens={action_tokens}"] if action_tokens else []),
         "rollout.ready_timeout_s=120",
         *extra,
     ]

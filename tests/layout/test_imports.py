@@ -84,7 +84,8 @@ ALLOWED = {
     "algos": {"registry"},
     "records": set(),
     "rollout": {"records", "process"},
-    "retrieval": {"rollout"},  # its server reuses the rollout server's HTTP helpers (API key, bodies)
+    "jsonfiles": set(),
+    "retrieval": {"rollout", "jsonfiles"},  # its server reuses the rollout server's HTTP helpers (API key, bodies)
     "tools": {"registry", "retrieval"},
     "rewards": {"registry"},
     "data": {"records"},

@@ -149,7 +149,7 @@ def test_user_graph_and_pasa_query_file(tmp_path, codec, paper_index):
     assert row.reward_model["ground_truth"] == ["2101.00002", "2101.00001"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"question": "q", "answer": ["No Such Paper"]}) + "\n")
-    with pytest.raises(GraphError, match="bad.jsonl row 0: no paper of 'answer'"):
+    with pytest.raises(GraphError, match="bad.jsonl:1: no paper of 'answer'"):
         D.build_rows("test", path=str(bad), graph=str(gpath))
     broken = tmp_path / "broken.jsonl"
     broken.write_text(json.dumps({"id": "1", "title": 5, "abstract": "x"}) + "\n")

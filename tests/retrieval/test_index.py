@@ -146,3 +146,19 @@ def test_faiss_and_exact_inner_product_agree(tmp_path, monkeypatch):
     for g_row, w_row in zip(got, want, strict=True):
         assert [h.id for h in g_row] == [h.id for h in w_row]
         assert [h.score for h in g_row] == pytest.approx([h.score for h in w_row], abs=1e-5)
+
+
+def test_json_records_from_lines_or_a_list_name_where_they_are(tmp_path):
+    from agent_r1.jsonfiles import iter_records
+
+    lines = tmp_path / "a.jsonl"
+    lines.write_text('{"x": 1}\n\n{"x": 2}\n')
+    assert list(iter_records(lines)) == [(f"{lines}:1", {"x": 1}), (f"{lines}:3", {"x": 2})]
+    listed = tmp_path / "b.json"
+    listed.write_text('  [{"x": 1}, {"x": 2}]')
+    assert [w for w, _ in iter_records(listed)] == [f"{listed} row 0", f"{listed} row 1"]
+    lines.write_text('{"x": 1}\n{"x": \n')
+    with pytest.raises(CorpusError, match=r"a.jsonl:2: not JSON"):
+        list(iter_records(lines, CorpusError))
+    with pytest.raises(KeyError, match="query file .*nope.jsonl does not exist"):
+        list(iter_records(tmp_path / "nope.jsonl", KeyError, "query file"))
