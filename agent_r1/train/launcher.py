@@ -24,7 +24,7 @@ from typing import Any
 from agent_r1.process import die_with_parent
 from agent_r1.rollout.served import helper_models
 from agent_r1.train.config import TrainConfig, to_yaml
-from agent_r1.train.roles import role_command
+from agent_r1.train.roles import quiet_progress_bars_in_batch_logs, role_command
 from agent_r1.train.run_dir import RunDir, RunLock, atomic_write_json
 
 log = logging.getLogger("agent_r1.launcher")
@@ -48,6 +48,7 @@ def prepare_run(cfg: TrainConfig, local: bool = True) -> RunDir:
         raise SystemExit(
             f"{rd.root} already has records and trainer.resume=never: choose another trainer.run_dir"
         )
+    quiet_progress_bars_in_batch_logs()  # building the tiny model writes shards
     ensure_model(cfg)
     ensure_index(cfg)
     raise_problems(data_problems(cfg, rd))

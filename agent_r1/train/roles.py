@@ -107,10 +107,7 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
     name = f"{role}_{idx}"
     setup_logging(name)
     _file_logging(rd, name)
-    if not sys.stderr.isatty():  # a batch log: no progress-bar redraws (model loading included)
-        import transformers.utils.logging as hf_logging
-
-        hf_logging.disable_progress_bar()
+    quiet_progress_bars_in_batch_logs()
     rd.publish_role(
         name,
         {
@@ -302,6 +299,14 @@ def supervise(role: str, run_dir: str, index: int | None = None, max_restarts: i
             "%s exited with %s; restarting it in %d s (%d/%d)", name, rc, delay, restarts, max_restarts
         )
         time.sleep(delay)
+
+
+def quiet_progress_bars_in_batch_logs() -> None:
+    """A batch log (stderr not a terminal) gets no HF progress-bar redraws (model loading, saving)."""
+    if not sys.stderr.isatty():
+        import transformers.utils.logging as hf_logging
+
+        hf_logging.disable_progress_bar()
 
 
 def role_command(role: str, run_dir: Path, index: int | None = None) -> list[str]:
