@@ -166,13 +166,16 @@ def _export(a: argparse.Namespace) -> int:
 
 def _serve(a: argparse.Namespace) -> int:
     from agent_r1.rollout.server import serve
+    from agent_r1.serving.openai_api import OpenAIRoutes
 
     setup_logging("server")
+    name = a.served_model_name or Path(a.model).resolve().name
     serve(
         a.model,
         a.host,
         a.port,
         a.ready_file,
+        routes=lambda server: OpenAIRoutes(server, name),  # SGLang serves them too
         dtype=a.dtype,
         max_running=a.max_running,
         max_len=a.max_len,
@@ -422,6 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("serve", help="the embedded rollout engine behind SGLang's HTTP API")
     sv.add_argument("--model", required=True, help="HF model folder")
+    sv.add_argument(
+        "--served-model-name", default=None, help="the model's id in the OpenAI API (default: the folder name)"
+    )
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=30000, help="0 = any free port")
     sv.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])

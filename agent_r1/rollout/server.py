@@ -612,11 +612,13 @@ def serve(
     ready_file: str | None = None,
     stop_when: Any = None,
     on_ready: Any = None,
+    routes: Any = None,
     **engine_kw: Any,
 ) -> None:
     """Serve until interrupted: the scheduler runs in the main thread (fastest for torch on CPU),
     HTTP in a background event loop. Once serving, ``on_ready(url)`` runs (e.g. registering with a
-    router), then ``ready_file`` gets ``{"url": ...}``; ``stop_when()`` true ends the server."""
+    router), then ``ready_file`` gets ``{"url": ...}``; ``stop_when()`` true ends the server.
+    ``routes(server)`` adds routes before it starts (``agent-r1 serve``: the OpenAI API)."""
     import signal
     import threading
     from pathlib import Path
@@ -629,6 +631,8 @@ def serve(
     server = Server(
         engine, host, port, weight_ipc=weight_ipc, api_key=api_key, max_body_mb=max_body_mb, strict=strict
     )
+    if routes is not None:
+        routes(server)
     loop = asyncio.new_event_loop()
     started = threading.Event()
     failed: list[BaseException] = []

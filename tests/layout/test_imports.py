@@ -91,6 +91,7 @@ ALLOWED = {
     "data": {"records"},
     "agent": {"rollout", "records", "data", "tools", "rewards", "registry"},
     "learner": {"algos", "records"},
+    "serving": {"agent", "rollout"},
 }
 
 

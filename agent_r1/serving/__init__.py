@@ -1,0 +1,1 @@
+"""Serving a trained agent to other programs: the OpenAI-compatible API."""

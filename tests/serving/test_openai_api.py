@@ -1,0 +1,220 @@
+"""The OpenAI-compatible routes of ``agent-r1 serve``, driven by the official ``openai`` client:
+plain, streaming, ``n > 1``, tool calls (a tiny model taught one call), tool messages rendered
+as training renders them, logprobs, and OpenAI's error shape; a chat completion's tokens equal
+``/generate``'s on the same prompt ids and seed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import urllib.request
+
+import pytest
+from rollout_servers import ServerProc
+
+from agent_r1.agent.chat import ChatCodec
+from agent_r1.agent.tool_calls import format_tool_call, format_tool_responses
+from agent_r1.serving.openai_api import render_messages
+
+openai = pytest.importorskip("openai")
+
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+    },
+}
+ASK = [{"role": "user", "content": "What is 12 * 7?"}]
+CALL_TEXT = format_tool_call("calculator", {"expression": "12 * 7"})
+
+
+def generate(url: str, body: dict) -> dict:
+    """SGLang's /generate on the same server."""
+    req = urllib.request.Request(
+        url + "/generate", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture(scope="module")
+def tool_model(tiny_model_dir, tmp_path_factory):
+    """The tiny model, taught (by overfitting) to answer ASK with the calculator call."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("toolmodel") / "m"
+    shutil.copytree(tiny_model_dir, out)
+    codec = ChatCodec.load(str(out))
+    prompt = codec.encode_chat(ASK, [CALC])  # the schema as training shows it
+    target = codec.encode(CALL_TEXT) + [codec.im_end_id]
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    ids = torch.tensor([prompt + target])
+    labels = ids.clone()
+    labels[0, : len(prompt)] = -100
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    torch.manual_seed(0)
+    for _ in range(200):
+        loss = model(ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if loss.item() < 1e-3:
+            break
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(tool_model, tmp_path_factory):
+    s = ServerProc(tool_model, tmp_path_factory.mktemp("srv"), "oa", "--served-model-name", "tiny-agent")
+    yield s
+    s.kill()
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_models(client):
+    assert [m.id for m in client.models.list().data] == ["tiny-agent"]
+
+
+def test_chat_tokens_equal_generate_with_the_same_seed(client, server, tool_model):
+    codec = ChatCodec.load(str(tool_model))
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say something."}]
+    r = client.chat.completions.create(
+        model="tiny-agent", messages=msgs, max_tokens=12, temperature=1.0, seed=7, logprobs=True
+    )
+    (choice,) = r.choices
+    body = {
+        "input_ids": codec.encode_chat(msgs),
+        "sampling_params": {
+            "max_new_tokens": 12, "temperature": 1.0, "sampling_seed": 7,
+            "stop_token_ids": codec.stop_token_ids,
+        },
+        "return_logprob": True,
+    }  # fmt: skip
+    g = generate(server.url, body)
+    assert choice.message.content == codec.decode_action(g["output_ids"])
+    lps = [x[0] for x in g["meta_info"]["output_token_logprobs"]]
+    assert [t.logprob for t in choice.logprobs.content] == pytest.approx(lps, abs=1e-6)
+    assert [t.token for t in choice.logprobs.content] == [codec.decode([t]) for t in g["output_ids"]]
+    assert r.usage.prompt_tokens == len(body["input_ids"]) and r.usage.completion_tokens == len(lps)
+    assert choice.finish_reason == ("stop" if g["output_ids"][-1] in codec.stop_token_ids else "length")
+
+
+def test_streaming_gives_the_same_text(client):
+    kw = {
+        "model": "tiny-agent",
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 16,
+        "seed": 3,
+    }
+    whole = client.chat.completions.create(**kw).choices[0]
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.message.content
+    assert chunks[-1].choices[0].finish_reason == whole.finish_reason
+    assert chunks[0].choices[0].delta.role == "assistant"
+
+
+def test_n_samples_and_top_logprobs(client):
+    r = client.chat.completions.create(
+        model="tiny-agent", messages=ASK, n=3, max_tokens=6, seed=1, logprobs=True, top_logprobs=2
+    )
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    for c in r.choices:
+        for t in c.logprobs.content:
+            assert len(t.top_logprobs) == 2 and t.top_logprobs[0].logprob >= t.logprob - 1e-6
+
+
+def test_tool_call_parsed_streamed_and_answered(client):
+    r = client.chat.completions.create(
+        model="tiny-agent", messages=ASK, tools=[CALC], temperature=0, max_tokens=40
+    )
+    (c,) = r.choices
+    assert c.finish_reason == "tool_calls" and not (c.message.content or "").strip()
+    (call,) = c.message.tool_calls
+    assert call.function.name == "calculator" and json.loads(call.function.arguments) == {
+        "expression": "12 * 7"
+    }
+    # streamed: no raw <tool_call> text, the call arrives whole
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny-agent", messages=ASK, tools=[CALC], temperature=0, max_tokens=40, stream=True
+        )
+    )
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks)
+    calls = [tc for ch in chunks for tc in (ch.choices[0].delta.tool_calls or [])]
+    assert "<tool_call>" not in text and [tc.function.name for tc in calls] == ["calculator"]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # the tool's answer goes back as a tool message; the model continues
+    follow = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "84"},
+    ]
+    r2 = client.chat.completions.create(
+        model="tiny-agent", messages=follow, tools=[CALC], max_tokens=4, seed=0
+    )
+    assert r2.usage.prompt_tokens > r.usage.prompt_tokens
+
+
+def test_tool_messages_render_as_training_renders_them(codec):
+    msgs = [
+        {"role": "system", "content": "S"},
+        *ASK,
+        {"role": "assistant", "content": "Let me compute.", "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "12 * 7"}'}},
+            {"id": "b", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "1+1"}'}},
+        ]},
+        {"role": "tool", "tool_call_id": "a", "content": "84"},
+        {"role": "tool", "tool_call_id": "b", "content": "2"},
+        {"role": "user", "content": "thanks"},
+    ]  # fmt: skip
+    want = [
+        {"role": "system", "content": "S"},
+        *ASK,
+        {"role": "assistant", "content": "Let me compute.\n" + CALL_TEXT + "\n"
+            + format_tool_call("calculator", {"expression": "1+1"})},
+        {"role": "user", "content": format_tool_responses(["84", "2"])},
+        {"role": "user", "content": "thanks"},
+    ]  # fmt: skip
+    assert render_messages(msgs) == want
+    assert codec.encode_chat(render_messages(msgs), [CALC]) == codec.encode_chat(want, [CALC])
+
+
+def test_completions_route(client, server, tool_model):
+    codec = ChatCodec.load(str(tool_model))
+    r = client.completions.create(
+        model="tiny-agent", prompt="12 * 7 =", max_tokens=5, temperature=0, logprobs=1
+    )
+    (c,) = r.choices
+    body = {"text": "12 * 7 =", "sampling_params": {"max_new_tokens": 5, "temperature": 0}}
+    g = generate(server.url, body)
+    assert c.text == codec.decode_action(g["output_ids"]) and len(c.logprobs.token_logprobs) == len(
+        g["output_ids"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param", "says"),
+    [
+        ({"temperature": "hot"}, "temperature", "temperature: must be a"),
+        ({"messages": []}, "messages", "messages: must be a non-empty list"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0]", "needs a role"),
+        ({"tool_choice": "required", "tools": [CALC]}, "tool_choice", "constrained decoding"),
+        ({"top_p": 0}, None, "top_p"),
+    ],
+)
+def test_bad_requests_get_openais_error_shape(client, kwargs, param, says):
+    args = {"model": "tiny-agent", "messages": ASK, "max_tokens": 4, **kwargs}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(**args)
+    err = e.value.body
+    assert e.value.status_code == 400 and says in err["message"], err
+    assert err["type"] == "invalid_request_error" and err["param"] == param
