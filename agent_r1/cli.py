@@ -148,6 +148,24 @@ def _eval(a: argparse.Namespace) -> int:
     return 0
 
 
+def _infer(a: argparse.Namespace) -> int:
+    from agent_r1.data.rows import RowError
+    from agent_r1.infer import run_infer
+
+    setup_logging("infer")
+    try:
+        m = run_infer(a)
+    except RowError as e:
+        raise SystemExit(f"agent-r1 infer: {e}") from None
+    ok = "" if m["success"] is None else f"; success {m['success']:.3f} over {m['scored']} scored episodes"
+    print(
+        f"infer: {m['episodes']} episodes of {m['prompts']} prompts ({m['new_prompts']} new, "
+        f"{m['wall_seconds']:.1f} s){ok}\nanswers: {a.out}",
+        flush=True,
+    )
+    return 0
+
+
 def _export(a: argparse.Namespace) -> int:
     from agent_r1.evaluate import export_checkpoint, newest_checkpoint
     from agent_r1.train.config import from_yaml
@@ -390,6 +408,37 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--no-progress", action="store_true")
     ev.set_defaults(fn=_eval)
 
+    inf = sub.add_parser("infer", help="batch inference: prompts or data rows -> episodes -> JSON lines")
+    inf.add_argument(
+        "--input", required=True, help="rows.parquet, or JSON lines / a JSON list of prompts or rows"
+    )
+    inf.add_argument("--out", required=True, help="answers.jsonl (resumed when it exists)")
+    inf.add_argument("--model", help="an HF model folder")
+    inf.add_argument("--run", help="a run directory: its newest (or --iteration) checkpoint")
+    inf.add_argument("--iteration", type=int, default=None)
+    inf.add_argument("--url", action="append", help="a running server or router (repeat for several)")
+    inf.add_argument("--servers", type=int, default=1, help="embedded servers to start (without --url)")
+    inf.add_argument("--tokenizer", help="HF folder of the tokenizer (default: the model's)")
+    inf.add_argument("--api-key", default=None)
+    inf.add_argument(
+        "--recipe", default=None, choices=RECIPES, help="open prompts run as this recipe's agent"
+    )
+    inf.add_argument("--tools", default=None, help="open prompts run as a tool agent: calculator,search")
+    inf.add_argument("--index", default=None, help="the search tools' index")
+    inf.add_argument("--n", type=int, default=1, help="samples per prompt")
+    inf.add_argument("--temperature", type=float, default=0.0)
+    inf.add_argument("--top-p", type=float, default=1.0)
+    inf.add_argument("--seed", type=int, default=0)
+    inf.add_argument("--max-steps", type=int, default=8)
+    inf.add_argument("--max-obs-tokens", type=int, default=1536)
+    inf.add_argument("--max-action-tokens", type=int, default=256)
+    inf.add_argument("--max-len", type=int, default=2048, help="the embedded servers' context length")
+    inf.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    inf.add_argument("--chunk", type=int, default=64, help="prompts per written chunk (the resume unit)")
+    inf.add_argument("--concurrency", type=int, default=64, help="episodes in flight")
+    inf.add_argument("--no-progress", action="store_true")
+    inf.set_defaults(fn=_infer)
+
     ix = sub.add_parser("index", help="retrieval indexes for search tools")
     ixs = ix.add_subparsers(dest="index_command", required=True)
     ib = ixs.add_parser("build", help="a passage corpus -> an index folder (bm25s; --dense adds MiniLM)")
@@ -426,7 +475,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("serve", help="the embedded rollout engine behind SGLang's HTTP API")
     sv.add_argument("--model", required=True, help="HF model folder")
     sv.add_argument(
-        "--served-model-name", default=None, help="the model's id in the OpenAI API (default: the folder name)"
+        "--served-model-name",
+        default=None,
+        help="the model's id in the OpenAI API (default: the folder name)",
     )
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=30000, help="0 = any free port")

@@ -132,6 +132,27 @@ def export_checkpoint(ckpt: Path, hf_like: Path, out: Path, dtype: str | None = 
     return out
 
 
+def resolve_model(a: Any, export_dir: Path) -> tuple[Any, str | None, str]:
+    """(the run's config or None, an HF folder or None for ``--url``, what is evaluated) of
+    ``--model`` / ``--run [--iteration]`` / ``--url``; a run's checkpoint is exported under
+    ``export_dir``. Errors say what is wrong with which path."""
+    if sum(bool(x) for x in (a.model, a.run, a.url)) != 1:
+        raise SystemExit("give one of --model DIR, --run RUN_DIR or --url URL")
+    if a.model and not (Path(a.model) / "config.json").exists():
+        raise SystemExit(f"--model {a.model}: not an HF model folder (no config.json)")
+    if not a.run:
+        return None, a.model, a.model or a.url
+    from agent_r1.train.config import from_yaml
+
+    run = Path(a.run)
+    if not (run / "config.yaml").exists():
+        raise SystemExit(f"--run {run}: not a run directory (no config.yaml)")
+    cfg = from_yaml(run / "config.yaml")
+    ckpt = newest_checkpoint(run, a.iteration)
+    log.info("exporting %s to an HF folder", ckpt)
+    return cfg, str(export_checkpoint(ckpt, Path(cfg.model.path), export_dir / f"hf_{ckpt.name}")), str(ckpt)
+
+
 def start_server(model: str, max_len: int, dtype: str, threads: int | None) -> tuple[subprocess.Popen, str]:
     """``agent-r1 serve`` on a free loopback port, as its own process (as the trainer's servers)."""
     import tempfile
@@ -199,16 +220,7 @@ def run_eval(a: Any) -> dict[str, Any]:
     load_all()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    cfg, model, source = None, a.model, a.model or a.url
-    if a.run:
-        from agent_r1.train.config import from_yaml
-
-        run = Path(a.run)
-        cfg = from_yaml(run / "config.yaml")
-        ckpt = newest_checkpoint(run, a.iteration)
-        log.info("exporting %s to an HF folder", ckpt)
-        model = str(export_checkpoint(ckpt, Path(cfg.model.path), out / f"hf_{ckpt.name}"))
-        source = str(ckpt)
+    cfg, model, source = resolve_model(a, out)
     from agent_r1.retrieval import client as retrieval
 
     if getattr(a, "index", None):  # the search tools' index, in this process

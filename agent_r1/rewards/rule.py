@@ -44,6 +44,12 @@ def math_number(
 REWARDS.register("gsm8k")(math_number)
 
 
+@REWARDS.register("unscored")
+def unscored(response: str, ground_truth: str) -> RewardResult:  # noqa: ARG001
+    """Open prompts (batch inference, chat): no ground truth, no reward; 0 and marked unscored."""
+    return RewardResult(0.0, False, False, None, {"unscored": True})
+
+
 def compute_reward(reward_model: dict[str, Any], response: str) -> RewardResult:
     """Score ``response`` by ``reward_model = {"style": ..., "ground_truth": ..., **options}``."""
     opts = {k: v for k, v in reward_model.items() if k not in ("style", "ground_truth")}

@@ -1,0 +1,211 @@
+"""``agent-r1 infer``: batch inference — prompts or data rows in, one JSON line per episode out.
+
+Input (``--input``): a parquet of data rows (``agent-r1 data`` writes them), or JSON lines / a JSON
+list whose records are data rows (they have ``agent_name``) or open prompts: ``{"prompt": "text"}``
+or ``{"messages": [...]}``, optionally with ``"ground_truth"`` and an ``"id"``. An open prompt runs
+as the recipe's agent (``--recipe``: its agent, tools, system prompt and reward style; scored when
+it has a ground truth), as a tool agent (``--tools calculator,search``), or as one answer.
+
+Output (``--out answers.jsonl``): per episode ``{"index", "id", "sample", "answer", "steps",
+"tool_calls", "tool_errors", "truncated", "reward", "success"}`` (``reward``/``success`` null when
+unscored). Written a chunk at a time; a second run with the same ``--out`` skips what is there
+(resume after a crash or Ctrl-C). Episodes run concurrently over every server given
+(``--url`` repeated) or started (``--servers N`` embedded engines).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("agent_r1.infer")
+
+
+def _template(recipe: str | None, tools: list[str] | None) -> Any:
+    from agent_r1.data.rows import DataRow
+
+    if recipe:
+        from recipes import load_recipe
+
+        t = load_recipe(recipe).build_rows(split="test", num=1, seed=0)[0]
+        system = [m for m in t.prompt[:1] if m["role"] == "system"]
+        return DataRow(system, t.agent_name, dict(t.reward_model), f"infer:{recipe}", dict(t.env_kwargs))
+    unscored = {"style": "unscored", "ground_truth": ""}
+    if tools:
+        return DataRow([], "tool_agent", unscored, "infer", {"tools": tools})
+    return DataRow([], "single_step", unscored, "infer")
+
+
+def read_inputs(path: str | Path, recipe: str | None = None, tools: list[str] | None = None) -> list[Any]:
+    """Data rows of ``path`` (see the module doc); errors name the file and row."""
+    from agent_r1.agent.flow import AGENTS
+    from agent_r1.data.rows import DataRow, RowError, load_rows, validate_row
+    from agent_r1.jsonfiles import iter_records
+
+    path = Path(path)
+    if path.suffix == ".parquet":
+        return load_rows(path, AGENTS)
+    template = _template(recipe, tools)
+    out = []
+    for where, rec in iter_records(path, RowError, "input file"):
+        if not isinstance(rec, dict):
+            raise RowError(f"{where}: a record must be a JSON object")
+        if "agent_name" in rec:
+            row = validate_row(rec, where)
+            if row.agent_name not in AGENTS:
+                raise RowError(f"{where}: unknown agent {row.agent_name!r}; known: {AGENTS.names()}")
+            out.append(row)
+            continue
+        if isinstance(rec.get("prompt"), str) and rec["prompt"].strip():
+            messages = [{"role": "user", "content": rec["prompt"]}]
+        elif isinstance(rec.get("messages"), list) and rec["messages"]:
+            messages = rec["messages"]
+            for i, m in enumerate(messages):
+                if not isinstance(m, dict) or not isinstance(m.get("content"), str) or m.get("role") not in (
+                    "system", "user", "assistant"
+                ):  # fmt: skip
+                    raise RowError(
+                        f"{where}: messages[{i}] needs a role (system/user/assistant) and string content"
+                    )
+        else:
+            raise RowError(f"{where}: needs a non-empty 'prompt' string, 'messages', or a data row's keys")
+        if messages[0]["role"] != "system":
+            messages = template.prompt + messages
+        reward = dict(template.reward_model)
+        if rec.get("ground_truth") is not None and reward["style"] != "unscored":
+            reward["ground_truth"] = rec["ground_truth"]
+        else:
+            reward = {"style": "unscored", "ground_truth": ""}
+        extra = {"id": rec["id"]} if "id" in rec else {}
+        out.append(
+            DataRow(
+                messages, template.agent_name, reward, template.data_source, dict(template.env_kwargs), extra
+            )
+        )
+    if not out:
+        raise RowError(f"{path}: no records")
+    return out
+
+
+def episode_line(index: int, row: Any, traj: Any, codec: Any) -> dict[str, Any]:
+    last = traj.steps[-1]
+    calls = [c for s in traj.steps for c in s.info.get("tool_calls", [])]
+    scored = row.reward_model.get("style") != "unscored"
+    return {
+        "index": index,
+        "id": row.extra_info.get("id", index),
+        "sample": int(traj.trajectory_id.rsplit("-s", 1)[1]),
+        "answer": codec.decode_action(last.action_token_ids),
+        "steps": len(traj.steps),
+        "tool_calls": [{k: c.get(k) for k in ("name", "error") if c.get(k) is not None} for c in calls],
+        "tool_errors": sum(1 for c in calls if c.get("error")),
+        "truncated": bool(last.truncated),
+        "reward": traj.metrics.get("reward") if scored else None,
+        "success": bool(traj.metrics.get("success")) if scored else None,
+    }
+
+
+def done_indices(out: Path, n: int) -> set[int]:
+    """Rows whose ``n`` samples are all in ``out`` already (a torn last line is dropped)."""
+    if not out.exists():
+        return set()
+    counts: dict[int, int] = {}
+    good: list[str] = []
+    for line in out.read_text(encoding="utf-8").splitlines():
+        try:
+            counts[json.loads(line)["index"]] = counts.get(json.loads(line)["index"], 0) + 1
+            good.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
+    done = {i for i, c in counts.items() if c >= n}
+    # keep only whole rows, so a row cut in half runs again from its first sample
+    kept = [x for x in good if json.loads(x)["index"] in done]
+    out.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
+    return done
+
+
+def run_infer(a: Any) -> dict[str, Any]:
+    import asyncio
+
+    from agent_r1.agent.chat import ChatCodec
+    from agent_r1.agent.episodes import run_episodes
+    from agent_r1.agent.flow import FlowConfig
+    from agent_r1.agent.types import SamplingParams
+    from agent_r1.evaluate import resolve_model, start_server
+    from agent_r1.rollout.client import RolloutClient
+    from recipes import load_all
+
+    load_all()
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tools = [t.strip() for t in a.tools.split(",")] if a.tools else None
+    if tools:
+        from agent_r1.tools import TOOLS
+
+        unknown = [t for t in tools if t not in TOOLS]
+        if unknown:
+            raise SystemExit(f"--tools: no tool named {unknown[0]!r}; known: {', '.join(TOOLS.names())}")
+    rows = read_inputs(a.input, a.recipe, tools)
+    cfg, model, _ = resolve_model(a, out.parent / f"{out.stem}.models")
+    if getattr(a, "index", None):
+        from agent_r1.retrieval import client as retrieval
+
+        retrieval.set_default(retrieval.LocalRetriever(retrieval.open_index(a.index)))
+    tokenizer = a.tokenizer or model or (cfg.model.path if cfg is not None else None)
+    if tokenizer is None:
+        raise SystemExit("--url needs --tokenizer (an HF folder with the model's tokenizer)")
+    codec = ChatCodec.load(tokenizer)
+    done = done_indices(out, a.n)
+    todo = [i for i in range(len(rows)) if i not in done]
+    if done:
+        log.info("resuming: %d of %d prompts already in %s", len(done), len(rows), out)
+    sampling = SamplingParams(
+        temperature=a.temperature, top_p=a.top_p, max_new_tokens=a.max_action_tokens, seed=a.seed
+    )
+    flow = FlowConfig(a.max_steps, a.max_obs_tokens, a.max_action_tokens, sampling=sampling)
+    procs, urls = [], list(a.url or [])
+    t0 = time.time()
+    try:
+        if not urls:
+            for _ in range(a.servers):
+                p, u = start_server(model, a.max_len, a.dtype, None)
+                procs.append(p)
+                urls.append(u)
+        client = RolloutClient(servers=urls, api_key=a.api_key)
+
+        async def go() -> None:
+            try:
+                for start in range(0, len(todo), a.chunk):
+                    idx = todo[start : start + a.chunk]
+                    trajs = await run_episodes(
+                        [rows[i] for i in idx], client, codec, flow, a.n, id_prefix="infer",
+                        max_concurrency=a.concurrency, progress=not a.no_progress,
+                    )  # fmt: skip
+                    lines = [
+                        episode_line(idx[k // a.n], rows[idx[k // a.n]], t, codec)
+                        for k, t in enumerate(trajs)
+                    ]
+                    with out.open("a", encoding="utf-8") as f:
+                        f.writelines(json.dumps(x, ensure_ascii=False) + "\n" for x in lines)
+                    log.info("%d / %d prompts done", len(done) + start + len(idx), len(rows))
+            finally:
+                await client.close()
+
+        asyncio.run(go())
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(30)
+    lines = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    scored = [x for x in lines if x["success"] is not None]
+    return {
+        "prompts": len(rows),
+        "episodes": len(lines),
+        "new_prompts": len(todo),
+        "scored": len(scored),
+        "success": sum(x["success"] for x in scored) / len(scored) if scored else None,
+        "wall_seconds": round(time.time() - t0, 2),
+    }
