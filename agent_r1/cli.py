@@ -166,6 +166,15 @@ def _infer(a: argparse.Namespace) -> int:
     return 0
 
 
+def _chat(a: argparse.Namespace) -> int:
+    import logging
+
+    from agent_r1.chat_cli import run_chat
+
+    logging.basicConfig(level=logging.WARNING)  # the terminal is the chat's
+    return run_chat(a)
+
+
 def _export(a: argparse.Namespace) -> int:
     from agent_r1.evaluate import export_checkpoint, newest_checkpoint
     from agent_r1.train.config import from_yaml
@@ -438,6 +447,29 @@ def build_parser() -> argparse.ArgumentParser:
     inf.add_argument("--concurrency", type=int, default=64, help="episodes in flight")
     inf.add_argument("--no-progress", action="store_true")
     inf.set_defaults(fn=_infer)
+
+    ch = sub.add_parser("chat", help="talk to a model with a recipe's tools in the terminal")
+    ch.add_argument("--model", help="an HF model folder")
+    ch.add_argument("--run", help="a run directory: its newest (or --iteration) checkpoint")
+    ch.add_argument("--iteration", type=int, default=None)
+    ch.add_argument("--url", help="a running SGLang / agent-r1 server or router (needs --tokenizer)")
+    ch.add_argument("--tokenizer", help="HF folder of the tokenizer (default: the model's)")
+    ch.add_argument("--api-key", default=None)
+    ch.add_argument("--recipe", default=None, choices=RECIPES, help="its agent, tools and system prompt")
+    ch.add_argument("--tools", default=None, help="a tool agent with these tools: calculator,search")
+    ch.add_argument("--system", default=None, help="the system prompt (default: the recipe's)")
+    ch.add_argument("--index", default=None, help="the search tool's index")
+    ch.add_argument("--temperature", type=float, default=0.0)
+    ch.add_argument("--top-p", type=float, default=1.0)
+    ch.add_argument("--seed", type=int, default=None)
+    ch.add_argument("--max-steps", type=int, default=8, help="agent steps per user message")
+    ch.add_argument("--max-obs-tokens", type=int, default=4096)
+    ch.add_argument("--max-action-tokens", type=int, default=512)
+    ch.add_argument("--max-len", type=int, default=8192, help="the embedded engine's context length")
+    ch.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ch.add_argument("--export-dir", default="chat_models", help="where --run's checkpoint is exported")
+    ch.add_argument("--no-color", action="store_true")
+    ch.set_defaults(fn=_chat)
 
     ix = sub.add_parser("index", help="retrieval indexes for search tools")
     ixs = ix.add_subparsers(dest="index_command", required=True)

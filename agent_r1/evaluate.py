@@ -164,8 +164,14 @@ def start_server(model: str, max_len: int, dtype: str, threads: int | None) -> t
            "--max-len", str(max_len), "--dtype", dtype, "--ready-file", str(ready), "--strict"]  # fmt: skip
     if threads:
         cmd += ["--threads", str(threads)]
+    # its own session: a Ctrl-C at the terminal (a chat's) reaches this process, not the server
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent()
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=die_with_parent(),
+        start_new_session=True,
     )
     deadline = time.time() + 300
     while not ready.exists():

@@ -24,7 +24,8 @@ from typing import Any
 log = logging.getLogger("agent_r1.infer")
 
 
-def _template(recipe: str | None, tools: list[str] | None) -> Any:
+def open_prompt_template(recipe: str | None, tools: list[str] | None) -> Any:
+    """The data row an open prompt becomes (its ``prompt``: the system message to put first)."""
     from agent_r1.data.rows import DataRow
 
     if recipe:
@@ -48,7 +49,7 @@ def read_inputs(path: str | Path, recipe: str | None = None, tools: list[str] | 
     path = Path(path)
     if path.suffix == ".parquet":
         return load_rows(path, AGENTS)
-    template = _template(recipe, tools)
+    template = open_prompt_template(recipe, tools)
     out = []
     for where, rec in iter_records(path, RowError, "input file"):
         if not isinstance(rec, dict):

@@ -39,3 +39,11 @@ def codec(tokenizer):
     from agent_r1.agent.chat import ChatCodec
 
     return ChatCodec(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tool_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model taught one calculator call (``tests/helpers/tool_model.py``)."""
+    from tool_model import teach_tool_call
+
+    return teach_tool_call(tiny_model_dir, tmp_path_factory.mktemp("toolmodel") / "m")

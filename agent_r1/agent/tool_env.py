@@ -100,6 +100,17 @@ class ToolEnv(AgentEnv):
         obs = None if done else Observation(token_ids=self.context.view(self.history))
         return StepResult(obs, None if done else 0.0, done, feedback, [o.reward for o in outputs], info)
 
+    # ---- chat ----------------------------------------------------------------------------------
+    CHAT_CONTINUES = True  # a new user message extends the history (rewrite envs start anew)
+
+    async def add_user_message(self, text: str) -> Observation:
+        """``agent-r1 chat``: the user speaks again after the agent answered; the conversation
+        goes on from the whole history, with a fresh step budget."""
+        self.history.turns.append(Turn("user", self.codec.encode_message("user", text), text))
+        await self.context.update(self.history)
+        self.num_steps = 0
+        return Observation(token_ids=self.context.view(self.history))
+
     # ---- hooks for environments built on this one ----------------------------------------------
     def answer_allowed(self) -> bool:
         """Whether an action without a tool call ends the episode now (else it is an error)."""

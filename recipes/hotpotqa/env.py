@@ -27,6 +27,8 @@ SHRINK = 0.72
 
 @ENVS.register("hotpotqa")
 class HotpotQAEnv(ToolEnv):
+    CHAT_CONTINUES = False  # each chat message is a new question: the state starts anew
+
     def __init__(
         self,
         codec: Any,

@@ -61,6 +61,8 @@ def paper_recall(response: str, ground_truth: list[str]) -> RewardResult:
 
 @ENVS.register("paper_search")
 class PaperSearchEnv(ToolEnv):
+    CHAT_CONTINUES = False  # each chat message is a new question: the state starts anew
+
     def __init__(
         self,
         codec: Any,

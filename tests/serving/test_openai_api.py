@@ -1,33 +1,25 @@
 """The OpenAI-compatible routes of ``agent-r1 serve``, driven by the official ``openai`` client:
-plain, streaming, ``n > 1``, tool calls (a tiny model taught one call), tool messages rendered
+plain, streaming, ``n > 1``, tool calls (``tool_model``: the tiny model taught one call), tool messages rendered
 as training renders them, logprobs, and OpenAI's error shape; a chat completion's tokens equal
 ``/generate``'s on the same prompt ids and seed."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import urllib.request
 
 import pytest
 from rollout_servers import ServerProc
+from tool_model import ASK, CALL_TEXT
 
 from agent_r1.agent.chat import ChatCodec
 from agent_r1.agent.tool_calls import format_tool_call, format_tool_responses
 from agent_r1.serving.openai_api import render_messages
+from agent_r1.tools import TOOLS
 
 openai = pytest.importorskip("openai")
 
-CALC = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
-    },
-}
-ASK = [{"role": "user", "content": "What is 12 * 7?"}]
-CALL_TEXT = format_tool_call("calculator", {"expression": "12 * 7"})
+CALC = TOOLS.get("calculator")().schema
 
 
 def generate(url: str, body: dict) -> dict:
@@ -37,34 +29,6 @@ def generate(url: str, body: dict) -> dict:
     )
     with urllib.request.urlopen(req, timeout=60) as r:
         return json.loads(r.read())
-
-
-@pytest.fixture(scope="module")
-def tool_model(tiny_model_dir, tmp_path_factory):
-    """The tiny model, taught (by overfitting) to answer ASK with the calculator call."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    out = tmp_path_factory.mktemp("toolmodel") / "m"
-    shutil.copytree(tiny_model_dir, out)
-    codec = ChatCodec.load(str(out))
-    prompt = codec.encode_chat(ASK, [CALC])  # the schema as training shows it
-    target = codec.encode(CALL_TEXT) + [codec.im_end_id]
-    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
-    ids = torch.tensor([prompt + target])
-    labels = ids.clone()
-    labels[0, : len(prompt)] = -100
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    torch.manual_seed(0)
-    for _ in range(200):
-        loss = model(ids, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if loss.item() < 1e-3:
-            break
-    model.save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="module")

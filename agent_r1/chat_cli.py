@@ -1,0 +1,308 @@
+"""``agent-r1 chat``: talk to a model with a recipe's tools in the terminal.
+
+The conversation runs through the environment and agent code of training: the recipe's
+environment (or a ``ToolEnv`` with ``--tools``) builds every observation, ``AgentFlow.act`` samples
+every action, tool calls run as in a rollout. What you chat with is what you train. Tokens stream
+as they are generated; tool calls and tool results are shown apart from the answer.
+
+Commands: ``/reset`` (a new conversation), ``/save FILE`` (the conversation's step records as an
+Arrow file, as ``agent-r1 rollout --out`` writes), ``/tools``, ``/quit`` (or Ctrl-D). A line ending in
+``\\`` continues on the next line. Ctrl-C stops a generation (the session goes on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from agent_r1.agent.tool_calls import OPEN as CALL_OPEN
+
+HELP = (
+    "commands: /reset  /save FILE  /tools  /quit   (end a line with \\ to continue it; Ctrl-C stops a reply)"
+)
+
+
+class Style:
+    def __init__(self, color: bool):
+        c = (lambda code: f"\033[{code}m") if color else (lambda code: "")
+        self.reset, self.dim, self.tool, self.result, self.err, self.you = (
+            c("0"), c("2"), c("36"), c("33"), c("31"), c("1;32"),
+        )  # fmt: skip
+
+
+class StreamingGenerate:
+    """A ``GenerateFn`` over SGLang's streaming ``/generate``: prints text as it arrives (holding
+    back a ``<tool_call>`` block, which the session prints parsed), returns the whole completion."""
+
+    def __init__(self, url: str, api_key: str | None, write: Any, codec: Any):
+        self.url, self.write, self.codec = url.rstrip("/"), write, codec
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._session = None
+
+    async def session(self) -> Any:
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession(headers=self.headers)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def _text(self, chunk: dict[str, Any]) -> str:
+        """The reply so far, special tokens kept (``<tool_call>`` may be one): from the ids when
+        the server streams them (cumulative, as SGLang and agent-r1 serve do by default)."""
+        ids = chunk.get("output_ids")
+        return self.codec.decode_action(ids) if ids is not None else chunk.get("text", "")
+
+    async def __call__(self, token_ids: list[int], sampling: Any) -> Any:
+        from agent_r1.rollout.client import RolloutError, to_completion
+
+        body = {
+            "input_ids": token_ids,
+            "sampling_params": sampling.to_sglang(),
+            "return_logprob": True,
+            "stream": True,
+        }
+        http = await self.session()
+        shown, last = 0, None
+        async with http.post(f"{self.url}/generate", json=body) as r:
+            if r.status != 200:
+                raise RolloutError(f"{self.url}/generate answered {r.status}: {(await r.text())[:300]}")
+            async for raw in r.content:
+                line = raw.decode().strip()
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                last = json.loads(line[5:])
+                text = self._text(last)
+                cut = text.find(CALL_OPEN)
+                visible = text[:cut] if cut >= 0 else text[: max(shown, len(text) - len(CALL_OPEN))]
+                if len(visible) > shown and not visible.endswith("\ufffd"):
+                    self.write(visible[shown:])
+                    shown = len(visible)
+        if last is None:
+            raise RolloutError(f"{self.url}/generate streamed nothing")
+        text = self._text(last)
+        if text.find(CALL_OPEN) < 0 and len(text) > shown:
+            self.write(text[shown:])
+        return to_completion(last)
+
+
+class ChatSession:
+    def __init__(
+        self, codec: Any, generate: StreamingGenerate, template: Any, flow_cfg: Any, style: Style, out: Any
+    ):
+        from agent_r1.agent.flow import AGENTS, AgentFlow
+
+        self.codec, self.generate, self.template, self.style, self.out = codec, generate, template, style, out
+        self.flow = AgentFlow(generate, codec, flow_cfg)
+        spec = AGENTS.get(template.agent_name)
+        self.env_name = spec.options.get("env", "tool")
+        self.env_kwargs = {**{k: v for k, v in spec.options.items() if k != "env"}, **template.env_kwargs}
+        self.env: Any = None
+        self.steps: list[Any] = []
+        self.conversations = 0
+
+    def say(self, text: str, color: str = "") -> None:
+        self.out.write(f"{color}{text}{self.style.reset if color else ''}")
+        self.out.flush()
+
+    def make_env(self) -> Any:
+        from agent_r1.agent.env import make_env
+
+        return make_env(self.env_name, self.codec, **self.env_kwargs)
+
+    async def reset(self) -> None:
+        if self.env is not None:
+            await self.env.close()
+        self.env, self.steps = None, []
+        self.conversations += 1
+
+    def tool_names(self) -> list[str]:
+        env = self.env or self.make_env()
+        return [t["function"]["name"] for t in getattr(env, "tool_schemas", [])]
+
+    async def user(self, text: str) -> None:
+        """One user message: the agent acts (tool calls and results shown) until it answers."""
+        from agent_r1.agent.flow import common_prefix_len
+        from agent_r1.records.schema import StepRecord
+
+        if self.env is None or not getattr(self.env, "CHAT_CONTINUES", False):
+            if self.env is not None:
+                await self.env.close()
+            self.env = self.make_env()
+            obs = self.env.reset(prompt=self.template.prompt + [{"role": "user", "content": text}])
+        else:
+            obs = await self.env.add_user_message(text)
+        tid = f"chat{self.conversations}"
+        prev: list[int] = []
+        for _ in range(self.flow.config.max_steps):
+            ids = self.flow.obs_ids(obs, self.env.tool_schemas)
+            if len(ids) > self.flow.config.max_obs_tokens:
+                self.say(
+                    f"[the conversation is longer than {self.flow.config.max_obs_tokens} tokens: /reset]\n",
+                    self.style.err,
+                )
+                return
+            self.say("agent> ", self.style.dim)
+            action = await self.flow.act(ids, tid, len(self.steps))
+            self.say("\n")
+            res = await self.env.step(action)
+            self.steps.append(
+                StepRecord(
+                    trajectory_id=tid, group_id=tid, step_index=len(self.steps), obs_token_ids=ids,
+                    action_token_ids=action.token_ids, action_logprobs=action.logprobs,
+                    action_mask=list(action.mask or []), policy_version=action.policy_version,
+                    prefix_len=common_prefix_len(ids, prev), feedback=res.feedback,
+                    reward=res.reward if res.reward is not None else 0.0, process_reward=res.process_reward,
+                    done=res.done, truncated=bool(res.info.get("truncated")),
+                    finish_reason=action.finish_reason.value, info=res.info,
+                )
+            )  # fmt: skip
+            for call, line in zip(res.info.get("tool_calls", []), self._calls(action.text), strict=False):
+                self.say(f"  [tool] {line}\n", self.style.tool)
+                if call.get("error"):
+                    self.say(f"  [error] {call['error']}\n", self.style.err)
+            if res.feedback and res.info.get("tool_calls"):
+                for block in res.feedback.split("<tool_response>")[1:]:
+                    self.say(f"  [result] {block.split('</tool_response>')[0].strip()}\n", self.style.result)
+            if action.finish_reason.is_truncated():
+                self.say("  [cut at the action token limit]\n", self.style.err)
+            if res.done:
+                return
+            obs, prev = res.observation, ids + action.token_ids
+        self.say(f"  [stopped after {self.flow.config.max_steps} steps]\n", self.style.err)
+
+    @staticmethod
+    def _calls(text: str) -> list[str]:
+        from agent_r1.agent.tool_calls import MalformedCall, parse_tool_calls
+
+        out = []
+        for c in parse_tool_calls(text):
+            if isinstance(c, MalformedCall):
+                out.append(f"(malformed) {c.raw.strip()[:200]}")
+            else:
+                out.append(f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)})")
+        return out
+
+    def save(self, path: str) -> int:
+        import pyarrow as pa
+
+        from agent_r1.records.schema import records_to_table
+
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        table = records_to_table(self.steps)
+        with pa.OSFile(str(out), "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+            w.write_table(table)
+        return table.num_rows
+
+
+def read_message(style: Style) -> str | None:
+    """One user message (``\\`` at a line's end continues it); None at end of input."""
+    lines: list[str] = []
+    while True:
+        try:
+            line = input(f"{style.you}you>{style.reset} " if not lines else "...  ")
+        except EOFError:
+            return None
+        if line.endswith("\\"):
+            lines.append(line[:-1])
+            continue
+        lines.append(line)
+        return "\n".join(lines).strip()
+
+
+def run_chat(a: Any) -> int:
+    from agent_r1.agent.chat import ChatCodec
+    from agent_r1.agent.flow import FlowConfig
+    from agent_r1.agent.types import SamplingParams
+    from agent_r1.evaluate import resolve_model, start_server
+    from agent_r1.infer import open_prompt_template
+    from agent_r1.tools import TOOLS
+    from recipes import load_all
+
+    load_all()
+    tools = [t.strip() for t in a.tools.split(",")] if a.tools else None
+    for t in tools or []:
+        if t not in TOOLS:
+            raise SystemExit(f"--tools: no tool named {t!r}; known: {', '.join(TOOLS.names())}")
+    cfg, model, source = resolve_model(a, Path(a.export_dir))
+    tokenizer = a.tokenizer or model or (cfg.model.path if cfg is not None else None)
+    if tokenizer is None:
+        raise SystemExit("--url needs --tokenizer (an HF folder with the model's tokenizer)")
+    if a.index:
+        from agent_r1.retrieval import client as retrieval
+
+        retrieval.set_default(retrieval.LocalRetriever(retrieval.open_index(a.index)))
+    codec = ChatCodec.load(tokenizer)
+    template = open_prompt_template(a.recipe, tools)
+    if a.system:
+        template.prompt = [{"role": "system", "content": a.system}]
+    style = Style(sys.stdout.isatty() and not a.no_color)
+    proc = None
+    if a.url:
+        url = a.url
+    else:
+        print(f"starting the embedded engine for {model} ...", flush=True)
+        proc, url = start_server(model, a.max_len, a.dtype, None)
+    sampling = SamplingParams(
+        temperature=a.temperature, top_p=a.top_p, max_new_tokens=a.max_action_tokens, seed=a.seed
+    )
+    flow_cfg = FlowConfig(a.max_steps, a.max_obs_tokens, a.max_action_tokens, sampling=sampling)
+    out = sys.stdout
+    gen = StreamingGenerate(url, a.api_key, lambda s: (out.write(s), out.flush()), codec)
+    session = ChatSession(codec, gen, template, flow_cfg, style, out)
+    loop = asyncio.new_event_loop()
+    print(
+        f"chat with {source} ({url}); tools: {', '.join(session.tool_names()) or 'none'}\n{HELP}", flush=True
+    )
+    try:
+        while True:
+            try:
+                msg = read_message(style)
+            except KeyboardInterrupt:
+                print("\n(Ctrl-C: /quit or Ctrl-D leaves)", flush=True)
+                continue
+            if msg is None or msg == "/quit":
+                break
+            if not msg:
+                continue
+            if msg == "/reset":
+                loop.run_until_complete(session.reset())
+                print("(new conversation)", flush=True)
+            elif msg == "/tools":
+                print(f"tools: {', '.join(session.tool_names()) or 'none'}", flush=True)
+            elif msg.startswith("/save"):
+                path = msg[len("/save") :].strip()
+                if not path:
+                    print("usage: /save FILE", flush=True)
+                else:
+                    print(f"saved {session.save(path)} step records to {path}", flush=True)
+            elif msg.startswith("/"):
+                print(f"unknown command {msg.split()[0]}; {HELP}", flush=True)
+            else:
+                task = loop.create_task(session.user(msg))
+                try:
+                    loop.run_until_complete(task)
+                except KeyboardInterrupt:
+                    task.cancel()
+                    try:
+                        loop.run_until_complete(task)
+                    except (asyncio.CancelledError, KeyboardInterrupt):
+                        pass
+                    print("\n(stopped)", flush=True)
+                except Exception as e:  # noqa: BLE001 - a dead server, a bad reply: the session goes on
+                    print(f"\n[error] {type(e).__name__}: {e}", flush=True)
+    finally:
+        loop.run_until_complete(session.reset())
+        loop.run_until_complete(gen.close())
+        loop.close()
+        if proc is not None:
+            proc.terminate()
+            proc.wait(30)
+    return 0
