@@ -190,16 +190,9 @@ class ChatSession:
         return out
 
     def save(self, path: str) -> int:
-        import pyarrow as pa
+        from agent_r1.records.shard import write_records_file
 
-        from agent_r1.records.schema import records_to_table
-
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        table = records_to_table(self.steps)
-        with pa.OSFile(str(out), "wb") as f, pa.ipc.new_file(f, table.schema) as w:
-            w.write_table(table)
-        return table.num_rows
+        return write_records_file(path, self.steps)
 
 
 def read_message(style: Style) -> str | None:

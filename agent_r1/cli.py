@@ -12,14 +12,12 @@ from agent_r1.logging import setup_logging
 
 
 def _rollout(a: argparse.Namespace) -> int:
-    import pyarrow as pa
     from transformers import AutoTokenizer
 
     from agent_r1.agent.chat import ChatCodec
     from agent_r1.agent.flow import AGENTS, FlowConfig
     from agent_r1.agent.types import SamplingParams
     from agent_r1.data.rows import load_rows
-    from agent_r1.records.schema import records_to_table
     from recipes import load_all, load_recipe
 
     log = setup_logging("rollout")
@@ -76,12 +74,10 @@ def _rollout(a: argparse.Namespace) -> int:
     }
     log.info("summary %s", json.dumps(summary))
     if a.out:
-        out = Path(a.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        table = records_to_table([s for t in trajs for s in t.steps])
-        with pa.OSFile(str(out), "wb") as f, pa.ipc.new_file(f, table.schema) as w:
-            w.write_table(table)
-        log.info("wrote %d step records to %s", table.num_rows, out)
+        from agent_r1.records.shard import write_records_file
+
+        n = write_records_file(a.out, [s for t in trajs for s in t.steps])
+        log.info("wrote %d step records to %s", n, a.out)
     return 0
 
 

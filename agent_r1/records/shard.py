@@ -101,6 +101,18 @@ def file_checksum(path: Path) -> tuple[str, int]:
         return xxhash.xxh3_64_hexdigest(memoryview(mm.read_buffer(size))), size
 
 
+def write_records_file(path: str | Path, steps: list[Any]) -> int:
+    """Step records as one standalone Arrow IPC file (``rollout --out``, a chat's ``/save``),
+    written atomically; returns the number of steps."""
+    from agent_r1.records.schema import records_to_table
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = records_to_table(steps)
+    _atomic_write(path, serialize(table, "none"))
+    return table.num_rows
+
+
 def write_shard(
     records_dir: str | Path, iteration: int, writer: int | str, table: pa.Table, compression: str = "none"
 ) -> ShardMeta:
