@@ -171,6 +171,19 @@ def _chat(a: argparse.Namespace) -> int:
     return run_chat(a)
 
 
+def _view(a: argparse.Namespace) -> int:
+    from agent_r1.viewer import write_view
+
+    setup_logging("view")
+    out, d = write_view(a.run_dir, a.out, a.groups_per_iteration)
+    print(
+        f"{out}: {d['shown_trajectories']} of {d['total_trajectories']} trajectories, "
+        f"{d['file_bytes'] / 1e6:.2f} MB; open it in a browser (no server needed)",
+        flush=True,
+    )
+    return 0
+
+
 def _export(a: argparse.Namespace) -> int:
     from agent_r1.evaluate import export_checkpoint, newest_checkpoint
     from agent_r1.train.config import from_yaml
@@ -466,6 +479,17 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--export-dir", default="chat_models", help="where --run's checkpoint is exported")
     ch.add_argument("--no-color", action="store_true")
     ch.set_defaults(fn=_chat)
+
+    vw = sub.add_parser("view", help="a run's trajectories as one self-contained HTML file")
+    vw.add_argument("run_dir")
+    vw.add_argument("--out", default=None, help="default: RUN_DIR/view.html")
+    vw.add_argument(
+        "--groups-per-iteration",
+        type=int,
+        default=8,
+        help="groups shown per iteration (chosen evenly, seeded)",
+    )
+    vw.set_defaults(fn=_view)
 
     ix = sub.add_parser("index", help="retrieval indexes for search tools")
     ixs = ix.add_subparsers(dest="index_command", required=True)
