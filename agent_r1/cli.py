@@ -130,8 +130,13 @@ def _eval(a: argparse.Namespace) -> int:
     if sum(x is not None for x in (a.model, a.run, a.url)) != 1:
         print("agent-r1 eval: give exactly one of --model, --run, --url", file=sys.stderr)
         return 2
+    from agent_r1.data.rows import RowError
+
     setup_logging("eval")
-    m = run_eval(a)
+    try:
+        m = run_eval(a)
+    except RowError as e:
+        raise SystemExit(f"agent-r1 eval: {e}") from None
     lo, hi = m["success_ci95"]
     passes = " ".join(f"pass@{k} {v:.3f}" for k, v in m["pass_at_k"].items())
     print(

@@ -111,3 +111,23 @@ def test_export_a_run_to_bfloat16_hf(tiny_model_dir, tmp_path):
     full = dict(AutoModelForCausalLM.from_pretrained(f32, dtype=torch.float32).named_parameters())
     for name, p in model.named_parameters():
         assert torch.equal(p, full[name].to(torch.bfloat16)), name
+
+
+@pytest.mark.parametrize("case", ["not_a_model", "no_checkpoint", "bad_rows"])
+def test_bad_inputs_are_one_line_errors(case, tiny_model_dir, tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text(
+        subprocess.run(
+            [sys.executable, "-m", "agent_r1.cli", "train", "+experiment=quickstart", "--print-config"],
+            capture_output=True, text=True, check=True,
+        ).stdout
+    )  # fmt: skip
+    (tmp_path / "rows.parquet").write_text("not parquet")
+    args, says = {
+        "not_a_model": (["--model", str(tmp_path)], "not an HF model folder (no config.json)"),
+        "no_checkpoint": (["--run", str(tmp_path / "run")], "has no complete checkpoint"),
+        "bad_rows": (["--model", str(tiny_model_dir), "--data", str(tmp_path / "rows.parquet")], "rows.parquet: cannot read parquet"),
+    }[case]  # fmt: skip
+    r = subprocess.run([sys.executable, "-m", "agent_r1.cli", "eval", *args, "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode != 0 and says in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
