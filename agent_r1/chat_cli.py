@@ -18,8 +18,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent_r1.agent.tool_calls import OPEN as CALL_OPEN
-
 HELP = (
     "commands: /reset  /save FILE  /tools  /quit   (end a line with \\ to continue it; Ctrl-C stops a reply)"
 )
@@ -78,16 +76,14 @@ class StreamingGenerate:
                 if not line.startswith("data:") or line == "data: [DONE]":
                     continue
                 last = json.loads(line[5:])
-                text = self._text(last)
-                cut = text.find(CALL_OPEN)
-                visible = text[:cut] if cut >= 0 else text[: max(shown, len(text) - len(CALL_OPEN))]
+                visible = self.codec.content(self._text(last), final=False)  # no tool-call text
                 if len(visible) > shown and not visible.endswith("\ufffd"):
                     self.write(visible[shown:])
                     shown = len(visible)
         if last is None:
             raise RolloutError(f"{self.url}/generate streamed nothing")
-        text = self._text(last)
-        if text.find(CALL_OPEN) < 0 and len(text) > shown:
+        text = self.codec.content(self._text(last))
+        if len(text) > shown:
             self.write(text[shown:])
         return to_completion(last)
 
@@ -177,12 +173,11 @@ class ChatSession:
             obs, prev = res.observation, ids + action.token_ids
         self.say(f"  [stopped after {self.flow.config.max_steps} steps]\n", self.style.err)
 
-    @staticmethod
-    def _calls(text: str) -> list[str]:
-        from agent_r1.agent.tool_calls import MalformedCall, parse_tool_calls
+    def _calls(self, text: str) -> list[str]:
+        from agent_r1.agent.tool_calls import MalformedCall
 
         out = []
-        for c in parse_tool_calls(text):
+        for c in self.codec.parse_tool_calls(text):
             if isinstance(c, MalformedCall):
                 out.append(f"(malformed) {c.raw.strip()[:200]}")
             else:

@@ -12,7 +12,6 @@ from agent_r1.logging import setup_logging
 
 
 def _rollout(a: argparse.Namespace) -> int:
-    from transformers import AutoTokenizer
 
     from agent_r1.agent.chat import ChatCodec
     from agent_r1.agent.flow import AGENTS, FlowConfig
@@ -30,7 +29,7 @@ def _rollout(a: argparse.Namespace) -> int:
         rows = load_rows(a.data, AGENTS)[: a.episodes]
     else:
         rows = load_recipe(a.recipe).build_rows(split=a.split, num=a.episodes, seed=a.seed)
-    codec = ChatCodec(AutoTokenizer.from_pretrained(a.model))
+    codec = ChatCodec.load(a.model)
     sampling = SamplingParams(
         temperature=a.temperature, top_p=a.top_p, max_new_tokens=a.max_action_tokens, seed=a.seed
     )

@@ -211,8 +211,6 @@ def run_eval(a: Any) -> dict[str, Any]:
     """The ``agent-r1 eval`` command: returns the metrics it wrote to ``OUT/metrics.json``."""
     import asyncio
 
-    from transformers import AutoTokenizer
-
     from agent_r1.agent.chat import ChatCodec
     from agent_r1.agent.episodes import run_episodes
     from agent_r1.agent.flow import AGENTS, FlowConfig
@@ -249,7 +247,7 @@ def run_eval(a: Any) -> dict[str, Any]:
     tokenizer = a.tokenizer or model or (cfg.model.path if cfg is not None else None)
     if tokenizer is None:
         raise SystemExit("--url needs --tokenizer (an HF folder with the model's tokenizer)")
-    codec = ChatCodec(AutoTokenizer.from_pretrained(tokenizer))
+    codec = ChatCodec.load(tokenizer)
     sampling = SamplingParams(
         temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_action_tokens, seed=s.seed
     )

@@ -26,6 +26,12 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--chat-format",
+        default="chatml",
+        choices=["chatml", "llama3", "harmony"],
+        help="chat template and tool calls",
+    )
     a = ap.parse_args()
     texts = load_recipe(a.recipe).corpus()
     out = build_tiny_model(
@@ -39,6 +45,7 @@ def main() -> None:
         a.heads,
         a.kv_heads,
         seed=a.seed,
+        chat_format=a.chat_format,
     )
     print(f"wrote {out}")
 

@@ -1,16 +1,33 @@
-"""ChatML templating on token ids, message by message.
+"""Chat formats on token ids, message by message: ChatML with Hermes tool calls (Qwen), Llama 3
+with JSON tool calls and ``ipython`` results, and gpt-oss's Harmony.
 
-Every message is tokenised on its own (``<|im_start|>role\\ncontent<|im_end|>\\n``). Special tokens
-split the text at message borders, so this equals tokenising the whole rendered chat; and it lets
-the context keep an action's token ids exactly as sampled instead of re-tokenising its text.
-The tool-schema system prompt follows the Qwen2.5/Hermes convention.
+Every message is tokenised on its own. Special tokens split the text at message borders, so this
+equals tokenising the whole rendered chat; and it lets the context keep an action's token ids
+exactly as sampled instead of re-tokenising its text. A codec also owns its format's tool calls:
+how a reply's calls are parsed, how tool results become the next observation's turn(s), and how a
+demonstration written in Hermes form becomes the ids this format's model would sample.
+``codec_for(tokenizer)`` picks the format by the tokenizer's special tokens.
+
+Where a format's published template rewrites what the model sampled (Harmony turns a final
+``<|return|>`` into ``<|end|>`` in later prompts), the codec keeps the sampled tokens: token in,
+token out. The Jinja templates saved with the tiny models render exactly what the codecs encode.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import Any
+
+from agent_r1.agent.tool_calls import OPEN as CALL_OPEN
+from agent_r1.agent.tool_calls import (
+    MalformedCall,
+    ToolCall,
+    format_tool_call,
+    format_tool_responses,
+    parse_tool_calls,
+)
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 
@@ -54,7 +71,19 @@ CHATML_JINJA = (
     "{%- endif -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- for m in messages -%}"
-    "{%- if not (loop.first and m.role == 'system') -%}"
+    "{%- if m.role == 'tool' -%}"
+    "{%- if loop.previtem is not defined or loop.previtem.role != 'tool' -%}{{- '<|im_start|>user\\n' -}}"
+    "{%- else -%}{{- '\\n' -}}{%- endif -%}"
+    "{{- '<tool_response>\\n' + m.content + '\\n</tool_response>' -}}"
+    "{%- if loop.nextitem is not defined or loop.nextitem.role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- elif m.role == 'assistant' and m.tool_calls -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if m.content -%}{{- m.content + '\\n' -}}{%- endif -%}"
+    "{%- for c in m.tool_calls -%}{%- if not loop.first -%}{{- '\\n' -}}{%- endif -%}"
+    "{{- '<tool_call>\\n{\"name\": \"' + c.name + '\", \"arguments\": ' + (c.arguments | tojson) + '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- elif not (loop.first and m.role == 'system') -%}"
     "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}"
     "{%- endif -%}"
     "{%- endfor -%}"
@@ -63,27 +92,44 @@ CHATML_JINJA = (
 
 
 class ChatCodec:
-    """Turns chat messages into token ids (and actions back into text) for a ChatML tokenizer."""
+    """ChatML (``<|im_start|>role\\ncontent<|im_end|>\\n``) with Hermes tool calls: Qwen2.5 / Qwen3."""
 
-    @classmethod
+    FORMAT = "chatml"
+    MARKERS: tuple[str, ...] = (IM_START, IM_END)  # special tokens that identify the format
+    # for building tiny models of this format: its special tokens, their roles, its Jinja template
+    SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", IM_START, IM_END, "<tool_call>", "</tool_call>",
+                                       "<tool_response>", "</tool_response>")  # fmt: skip
+    EOS, PAD, BOS = IM_END, "<|endoftext|>", None
+    JINJA = CHATML_JINJA
+    END = IM_END  # the token that ends a reply the model samples
+    EXTRA_STOPS: tuple[str, ...] = ()
+
+    @staticmethod
     @functools.lru_cache(maxsize=8)
-    def load(cls, path: str) -> ChatCodec:
-        """The codec of the HF folder ``path`` (cached: environments built per episode share it)."""
+    def load(path: str) -> ChatCodec:
+        """The codec of the HF folder ``path``, its format detected (cached: environments built
+        per episode share it)."""
         from transformers import AutoTokenizer
 
-        return cls(AutoTokenizer.from_pretrained(path))
+        return codec_for(AutoTokenizer.from_pretrained(path))
+
+    @classmethod
+    def detect(cls, vocab: dict[str, int]) -> bool:
+        return all(t in vocab for t in cls.MARKERS)
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
         vocab = tokenizer.get_vocab()
-        for tok in (IM_START, IM_END):
-            if tok not in vocab:
-                raise ValueError(f"tokenizer has no {tok!r} token; ChatCodec needs a ChatML tokenizer")
-        self.im_end_id = vocab[IM_END]
-        self.generation_prompt_ids = self.encode(f"{IM_START}assistant\n")
-        self.turn_end_ids = self.encode("\n")  # after <|im_end|> closing an assistant turn
+        missing = [t for t in self.MARKERS if t not in vocab]
+        if missing:
+            raise ValueError(f"tokenizer has no {missing[0]!r} token; the {self.FORMAT} codec needs it")
+        self.end_id = vocab[self.END]
+        self.im_end_id = self.end_id  # the name ChatML gives it
+        self.generation_prompt_ids = self.encode(self.generation_prompt())
+        self.turn_end_ids = self.encode(self.turn_end())
         eos = tokenizer.eos_token_id
-        self.stop_token_ids = sorted({self.im_end_id} | ({eos} if eos is not None else set()))
+        stops = {self.end_id} | {vocab[t] for t in self.EXTRA_STOPS if t in vocab}
+        self.stop_token_ids = sorted(stops | ({eos} if eos is not None else set()))
 
     @property
     def vocab_size(self) -> int:
@@ -101,11 +147,58 @@ class ChatCodec:
             ids = ids[:-1]
         return self.decode(ids)
 
+    # ---- rendering (text); each format overrides these ----------------------------------------
+    def generation_prompt(self) -> str:
+        return f"{IM_START}assistant\n"
+
+    def turn_end(self) -> str:
+        return "\n"  # after the stop token that closed an assistant turn
+
+    def render_message(self, role: str, content: str) -> str:
+        return render_message(role, content)
+
+    def render_prefix(self, system: str | None, tools: list[dict[str, Any]] | None) -> str:
+        """The protected prefix: system prompt and tool schemas."""
+        return render_message("system", render_system(system, tools))
+
+    def format_tool_call(self, name: str, arguments: dict[str, Any]) -> str:
+        """A call as the model writes it (the reply's text, stop token excluded)."""
+        return format_tool_call(name, arguments)
+
+    def render_assistant(self, content: str, calls: list[tuple[str, dict[str, Any]]]) -> str:
+        """A past assistant message with tool calls, as the next prompt shows it."""
+        text = "\n".join(([content] if content else []) + [self.format_tool_call(n, a) for n, a in calls])
+        return self.render_message("assistant", text)
+
+    def render_tool_results(self, results: list[tuple[str | None, str]]) -> str:
+        """One step's tool results (tool name, result text) as the turn(s) of the next prompt."""
+        return self.render_message("user", format_tool_responses([r for _, r in results]))
+
+    def parse_tool_calls(self, text: str) -> list[ToolCall | MalformedCall]:
+        return parse_tool_calls(text)
+
+    def content(self, text: str, final: bool = True) -> str:
+        """What a user sees of a reply (or of a reply still streaming): the text before any tool
+        call, without a partial call marker at the end while it streams."""
+        cut = text.find(CALL_OPEN)
+        if cut >= 0:
+            return text[:cut]
+        return text if final else _drop_partial(text, CALL_OPEN)
+
+    # ---- token ids -----------------------------------------------------------------------------
     def encode_message(self, role: str, content: str) -> list[int]:
-        return self.encode(render_message(role, content))
+        return self.encode(self.render_message(role, content))
 
     def encode_system(self, system: str | None, tools: list[dict[str, Any]] | None) -> list[int]:
-        return self.encode_message("system", render_system(system, tools))
+        return self.encode(self.render_prefix(system, tools))
+
+    def encode_tool_results(self, results: list[tuple[str | None, str]]) -> tuple[list[int], str]:
+        """The ids of one step's tool-result turn(s) and their readable text (a record's
+        ``feedback``)."""
+        return self.encode(self.render_tool_results(results)), self.feedback_text(results)
+
+    def feedback_text(self, results: list[tuple[str | None, str]]) -> str:
+        return format_tool_responses([r for _, r in results])
 
     def encode_chat(
         self,
@@ -113,17 +206,319 @@ class ChatCodec:
         tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
     ) -> list[int]:
+        """``messages``: system / user / assistant (``content``, optional ``tool_calls`` as
+        ``[{"name", "arguments"}]``) / tool (``name``, ``content``; consecutive ones are one step's
+        results)."""
         system = None
         if messages and messages[0]["role"] == "system":
             system, messages = messages[0]["content"], messages[1:]
-        ids = self.encode_system(system, tools)
+        text = self.render_prefix(system, tools)
+        results: list[tuple[str | None, str]] = []
         for m in messages:
-            ids += self.encode_message(m["role"], m["content"])
-        return ids + (self.generation_prompt_ids if add_generation_prompt else [])
+            if m["role"] == "tool":
+                results.append((m.get("name"), m["content"]))
+                continue
+            if results:
+                text += self.render_tool_results(results)
+                results = []
+            if m["role"] == "assistant" and m.get("tool_calls"):
+                calls = [(c["name"], c["arguments"]) for c in m["tool_calls"]]
+                text += self.render_assistant(m.get("content") or "", calls)
+            else:
+                text += self.render_message(m["role"], m["content"])
+        if results:
+            text += self.render_tool_results(results)
+        return self.encode(text) + (self.generation_prompt_ids if add_generation_prompt else [])
 
     def close_action(self, action_ids: list[int]) -> list[int]:
-        """Tokens that end an assistant turn after the sampled ids: ``<|im_end|>`` only when the
-        action lacks it (truncated), then the newline. They go into the *next observation*, so the
-        policy is never trained on them."""
-        closing = [] if action_ids and action_ids[-1] in self.stop_token_ids else [self.im_end_id]
+        """Tokens that end an assistant turn after the sampled ids: the end token only when the
+        action lacks it (truncated), then the format's separator. They go into the *next
+        observation*, so the policy is never trained on them."""
+        closing = [] if action_ids and action_ids[-1] in self.stop_token_ids else [self.end_id]
         return closing + self.turn_end_ids
+
+    def encode_action(self, text: str) -> list[int]:
+        """The ids this format's model samples for a reply written in Hermes form (demonstrations,
+        scripted policies): its calls re-rendered in this format, then the stop token."""
+        return self.encode(text) + [self.end_id]
+
+
+def _drop_partial(text: str, marker: str) -> str:
+    """``text`` without a tail that could be the start of ``marker`` (a tag still streaming)."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-k:]):
+            return text[:-k]
+    return text
+
+
+def _hermes_calls(text: str) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+    """A Hermes-form reply as (text before the calls, calls); a malformed block is an error."""
+    calls = parse_tool_calls(text)
+    bad = [c for c in calls if isinstance(c, MalformedCall)]
+    if bad:
+        raise ValueError(f"demonstration reply has a malformed tool call: {bad[0].error}")
+    cut = text.find(CALL_OPEN)
+    return (text if cut < 0 else text[:cut]).strip(), [(c.name, c.arguments) for c in calls]
+
+
+def _json_call(raw: str, arg_keys: tuple[str, ...]) -> ToolCall | MalformedCall:
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as e:
+        return MalformedCall(raw, f"invalid JSON in tool call: {e.msg} at position {e.pos}")
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return MalformedCall(raw, 'tool call needs a string "name"')
+    args = next((obj[k] for k in arg_keys if k in obj), {})
+    if not isinstance(args, dict):
+        return MalformedCall(raw, f'"{arg_keys[0]}" must be a JSON object, got {type(args).__name__}')
+    return ToolCall(obj["name"], args)
+
+
+LLAMA3_JINJA = (
+    "{{- '<|begin_of_text|>' -}}"
+    "{%- set sys = (messages[0].content if messages and messages[0].role == 'system' else 'You are a helpful assistant.') -%}"
+    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' + sys -}}"
+    "{%- if tools -%}"
+    "{{- '\\n\\nYou have access to the following functions. To call one, reply with only a JSON object "
+    '{"name": function name, "parameters": {argument: value}}.\\n\' -}}'
+    "{%- for t in tools -%}{{- '\\n' + (t | tojson) -}}{%- endfor -%}"
+    "{%- endif -%}"
+    "{{- '<|eot_id|>' -}}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'tool' -%}"
+    "{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + m.content + '<|eot_id|>' -}}"
+    "{%- elif m.role == 'assistant' and m.tool_calls -%}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}"
+    "{%- for c in m.tool_calls -%}{%- if not loop.first -%}{{- '; ' -}}{%- endif -%}"
+    "{{- '{\"name\": \"' + c.name + '\", \"parameters\": ' + (c.arguments | tojson) + '}' -}}"
+    "{%- endfor -%}"
+    "{{- '<|eot_id|>' -}}"
+    "{%- elif not (loop.first and m.role == 'system') -%}"
+    "{{- '<|start_header_id|>' + m.role + '<|end_header_id|>\\n\\n' + m.content + '<|eot_id|>' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}{%- endif -%}"
+)
+
+
+class Llama3Codec(ChatCodec):
+    """Llama 3.x: ``<|start_header_id|>role<|end_header_id|>\\n\\ncontent<|eot_id|>``; a tool call is
+    the whole reply as ``{"name", "parameters"}`` JSON (several: joined by ``; ``); results come back
+    as ``ipython`` turns, one per call. The tool schemas go in the system prompt."""
+
+    FORMAT = "llama3"
+    MARKERS = ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+    SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                      "<|eot_id|>", "<|eom_id|>", "<|python_tag|>")  # fmt: skip
+    EOS, PAD, BOS = "<|eot_id|>", "<|end_of_text|>", "<|begin_of_text|>"
+    JINJA = LLAMA3_JINJA
+    END = "<|eot_id|>"
+    EXTRA_STOPS = ("<|eom_id|>", "<|end_of_text|>")
+
+    def generation_prompt(self) -> str:
+        return "<|start_header_id|>assistant<|end_header_id|>\n\n"
+
+    def turn_end(self) -> str:
+        return ""
+
+    def render_message(self, role: str, content: str) -> str:
+        return f"<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>"
+
+    def render_prefix(self, system: str | None, tools: list[dict[str, Any]] | None) -> str:
+        text = system if system is not None else DEFAULT_SYSTEM
+        if tools:
+            text += (
+                "\n\nYou have access to the following functions. To call one, reply with only a JSON "
+                'object {"name": function name, "parameters": {argument: value}}.\n'
+            )
+            text += "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
+        return "<|begin_of_text|>" + self.render_message("system", text)
+
+    def format_tool_call(self, name: str, arguments: dict[str, Any]) -> str:
+        return json.dumps({"name": name, "parameters": arguments}, ensure_ascii=False)
+
+    def render_assistant(self, content: str, calls: list[tuple[str, dict[str, Any]]]) -> str:
+        return self.render_message("assistant", "; ".join(self.format_tool_call(n, a) for n, a in calls))
+
+    def render_tool_results(self, results: list[tuple[str | None, str]]) -> str:
+        return "".join(self.render_message("ipython", r) for _, r in results)
+
+    def feedback_text(self, results: list[tuple[str | None, str]]) -> str:
+        return "\n".join(r for _, r in results)
+
+    def parse_tool_calls(self, text: str) -> list[ToolCall | MalformedCall]:
+        s = text.strip()
+        if not s.startswith("{"):
+            return []
+        return [_json_call(part, ("parameters", "arguments")) for part in _split_calls(s)]
+
+    def content(self, text: str, final: bool = True) -> str:
+        return "" if text.lstrip().startswith("{") else text
+
+    def encode_action(self, text: str) -> list[int]:
+        content, calls = _hermes_calls(text)
+        if calls:
+            return self.encode("; ".join(self.format_tool_call(n, a) for n, a in calls)) + [self.end_id]
+        return self.encode(content) + [self.end_id]
+
+
+def _split_calls(s: str) -> list[str]:
+    """``{...}; {...}`` -> the JSON objects (semicolons inside strings are kept)."""
+    parts, depth, start, in_str, esc = [], 0, 0, False, False
+    for i, ch in enumerate(s):
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+            continue
+        if ch == '"':
+            in_str = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+        elif ch == ";" and depth == 0:
+            parts.append(s[start:i].strip())
+            start = i + 1
+    parts.append(s[start:].strip())
+    return [p for p in parts if p]
+
+
+HARMONY_JINJA = (
+    "{%- set sys = (messages[0].content if messages and messages[0].role == 'system' else 'You are a helpful assistant.') -%}"
+    "{{- '<|start|>system<|message|>' + sys + '<|end|>' -}}"
+    "{%- if tools -%}"
+    "{{- '<|start|>developer<|message|># Tools\\n\\n## functions\\n\\nnamespace functions {\\n' -}}"
+    "{%- for t in tools -%}"
+    "{{- '\\n// ' + t.function.description + '\\ntype ' + t.function.name + ' = (_: ' + (t.function.parameters | tojson) + ') => any;\\n' -}}"
+    "{%- endfor -%}"
+    "{{- '\\n} // namespace functions<|end|>' -}}"
+    "{%- endif -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'tool' -%}"
+    "{{- '<|start|>functions.' + m.name + ' to=assistant<|channel|>commentary<|message|>' + m.content + '<|end|>' -}}"
+    "{%- elif m.role == 'assistant' and m.tool_calls -%}"
+    "{%- if m.content -%}{{- '<|start|>assistant<|channel|>final<|message|>' + m.content + '<|return|>' -}}{%- endif -%}"
+    "{%- for c in m.tool_calls -%}"
+    "{{- '<|start|>assistant<|channel|>commentary to=functions.' + c.name + ' <|constrain|>json<|message|>' + (c.arguments | tojson) + '<|call|>' -}}"
+    "{%- endfor -%}"
+    "{%- elif m.role == 'assistant' -%}"
+    "{{- '<|start|>assistant<|channel|>final<|message|>' + m.content + '<|return|>' -}}"
+    "{%- elif not (loop.first and m.role == 'system') -%}"
+    "{{- '<|start|>' + m.role + '<|message|>' + m.content + '<|end|>' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|start|>assistant' -}}{%- endif -%}"
+)
+_HARMONY_CALL = re.compile(
+    r"to=functions\.([^\s<]+)[^<]*(?:<\|constrain\|>[^<]*)?<\|message\|>(.*?)(?:<\|call\|>|<\|end\|>|$)", re.S
+)
+
+
+class HarmonyCodec(ChatCodec):
+    """gpt-oss's Harmony: ``<|start|>role<|channel|>...<|message|>content<|end|>``. The model
+    writes after ``<|start|>assistant``: ``<|channel|>final<|message|>answer<|return|>`` or a call
+    ``<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{args}<|call|>`` (one
+    per reply; analysis messages may come first). Results come back as ``functions.NAME`` messages;
+    the tool schemas are a ``developer`` message. A sampled ``<|return|>`` stays in the history
+    (gpt-oss's own template rewrites it to ``<|end|>``; here the sampled tokens are kept)."""
+
+    FORMAT = "harmony"
+    MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|call|>", "<|return|>")
+    SPECIAL_TOKENS = ("<|startoftext|>", "<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>",
+                      "<|constrain|>", "<|return|>", "<|call|>")  # fmt: skip
+    EOS, PAD, BOS = "<|return|>", "<|endoftext|>", None
+    JINJA = HARMONY_JINJA
+    END = "<|return|>"
+    EXTRA_STOPS = ("<|call|>", "<|endoftext|>")
+
+    def generation_prompt(self) -> str:
+        return "<|start|>assistant"
+
+    def turn_end(self) -> str:
+        return ""
+
+    def render_message(self, role: str, content: str) -> str:
+        if role == "assistant":
+            return f"<|start|>assistant<|channel|>final<|message|>{content}<|return|>"
+        return f"<|start|>{role}<|message|>{content}<|end|>"
+
+    def render_prefix(self, system: str | None, tools: list[dict[str, Any]] | None) -> str:
+        text = f"<|start|>system<|message|>{system if system is not None else DEFAULT_SYSTEM}<|end|>"
+        if tools:
+            decls = "".join(
+                f"\n// {t['function'].get('description', '')}\ntype {t['function']['name']} = "
+                f"(_: {json.dumps(t['function'].get('parameters', {}), ensure_ascii=False)}) => any;\n"
+                for t in tools
+            )
+            text += f"<|start|>developer<|message|># Tools\n\n## functions\n\nnamespace functions {{\n{decls}\n}} // namespace functions<|end|>"
+        return text
+
+    def format_tool_call(self, name: str, arguments: dict[str, Any]) -> str:
+        args = json.dumps(arguments, ensure_ascii=False)
+        return f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{args}"
+
+    def render_assistant(self, content: str, calls: list[tuple[str, dict[str, Any]]]) -> str:
+        text = self.render_message("assistant", content) if content else ""
+        return text + "".join(f"<|start|>assistant{self.format_tool_call(n, a)}<|call|>" for n, a in calls)
+
+    def render_tool_results(self, results: list[tuple[str | None, str]]) -> str:
+        return "".join(
+            f"<|start|>functions.{name or 'unknown'} to=assistant<|channel|>commentary<|message|>{r}<|end|>"
+            for name, r in results
+        )
+
+    def feedback_text(self, results: list[tuple[str | None, str]]) -> str:
+        return "\n".join(r for _, r in results)
+
+    def parse_tool_calls(self, text: str) -> list[ToolCall | MalformedCall]:
+        out: list[ToolCall | MalformedCall] = []
+        for m in _HARMONY_CALL.finditer(text):
+            name, raw = m.group(1), m.group(2).strip()
+            try:
+                args = json.loads(raw) if raw else {}
+            except json.JSONDecodeError as e:
+                out.append(
+                    MalformedCall(m.group(0), f"invalid JSON in tool call: {e.msg} at position {e.pos}")
+                )
+                continue
+            if not isinstance(args, dict):
+                out.append(
+                    MalformedCall(m.group(0), f"arguments must be a JSON object, got {type(args).__name__}")
+                )
+                continue
+            out.append(ToolCall(name, args))
+        if not out and "to=" in text:
+            return [MalformedCall(text, "a recipient other than functions.NAME, or no <|message|> after it")]
+        return out
+
+    def content(self, text: str, final: bool = True) -> str:
+        key = "<|channel|>final<|message|>"
+        cut = text.rfind(key)
+        return text[cut + len(key) :] if cut >= 0 else ""
+
+    def encode_action(self, text: str) -> list[int]:
+        content, calls = _hermes_calls(text)
+        if len(calls) > 1:
+            raise ValueError("harmony: one tool call per reply (the model stops at <|call|>)")
+        if calls:
+            return self.encode(self.format_tool_call(*calls[0])) + [self.tokenizer.get_vocab()["<|call|>"]]
+        return self.encode(f"<|channel|>final<|message|>{content}") + [self.end_id]
+
+
+CHAT_FORMATS: dict[str, type[ChatCodec]] = {c.FORMAT: c for c in (ChatCodec, Llama3Codec, HarmonyCodec)}
+
+
+def codec_for(tokenizer: Any) -> ChatCodec:
+    """The codec of ``tokenizer``'s chat format, told by its special tokens."""
+    vocab = tokenizer.get_vocab()
+    for cls in CHAT_FORMATS.values():
+        if cls.detect(vocab):
+            return cls(tokenizer)
+    raise ValueError(
+        "the tokenizer's chat format is none agent-r1 knows: ChatML (<|im_start|>), Llama 3 "
+        "(<|start_header_id|>) or Harmony (<|start|> <|channel|>)"
+    )

@@ -14,7 +14,7 @@ from typing import Any
 from agent_r1.agent.chat import ChatCodec
 from agent_r1.agent.context import History, Turn, build_context
 from agent_r1.agent.env import ENVS, AgentEnv
-from agent_r1.agent.tool_calls import MalformedCall, ToolCall, format_tool_responses, parse_tool_calls
+from agent_r1.agent.tool_calls import MalformedCall, ToolCall
 from agent_r1.agent.types import Action, Observation, StepResult
 from agent_r1.tools import TOOLS, BaseTool, ToolError, ToolOutput
 
@@ -74,7 +74,7 @@ class ToolEnv(AgentEnv):
         ids = self.codec.generation_prompt_ids + action.token_ids + self.codec.close_action(action.token_ids)
         self.history.turns.append(Turn("assistant", ids, action.text))
 
-        calls = parse_tool_calls(action.text)
+        calls = self.codec.parse_tool_calls(action.text)
         if action.finish_reason.is_truncated() or (not calls and self.answer_allowed()):
             # no call: the agent answered; a cut action cannot be trusted to hold a whole call
             return StepResult(None, None, True, info={"truncated": action.finish_reason.is_truncated()})
@@ -87,7 +87,7 @@ class ToolEnv(AgentEnv):
             outputs.append(
                 self._error(f"too many tool calls in one step (max {self.max_calls_per_step}); ignored", c)
             )
-        feedback = format_tool_responses([o.result for o in outputs])
+        _, feedback = self.codec.encode_tool_results(self._results(outputs))
         await self.observe(outputs, feedback)
 
         done = self.num_steps >= self.max_steps
@@ -120,10 +120,16 @@ class ToolEnv(AgentEnv):
         return "this step needs a tool call"
 
     async def observe(self, outputs: list[ToolOutput], feedback: str) -> None:
-        """Fold the step's tool outputs into the history (default: one user turn, then the
-        context manager). A ``rewrite`` environment rebuilds ``history.turns`` from its state."""
-        self.history.turns.append(Turn("user", self.codec.encode_message("user", feedback), feedback))
+        """Fold the step's tool outputs into the history (default: the chat format's tool-result
+        turn(s), then the context manager). A ``rewrite`` environment rebuilds ``history.turns``
+        from its state."""
+        ids, _ = self.codec.encode_tool_results(self._results(outputs))
+        self.history.turns.append(Turn("tool", ids, feedback))
         await self.context.update(self.history)
+
+    @staticmethod
+    def _results(outputs: list[ToolOutput]) -> list[tuple[str | None, str]]:
+        return [(o.info.get("name"), o.result) for o in outputs]
 
     # ---- tools ---------------------------------------------------------------------------------
     def _error(self, message: str, call: ToolCall | MalformedCall | None) -> ToolOutput:

@@ -1,6 +1,8 @@
 """Tiny HF models for CPU tests and the quickstart: random init, a byte-level BPE tokenizer
-trained on a recipe's text, and the ChatML template with tool markup. Saved as a normal HF folder
-(``config.json``, ``model.safetensors``, ``tokenizer.json``, ``tokenizer_config.json``).
+trained on a recipe's text, and a chat template with tool markup — ChatML (default), Llama 3 or
+Harmony (``chat_format``), the Jinja template rendering exactly what that format's codec encodes.
+Saved as a normal HF folder (``config.json``, ``model.safetensors``, ``tokenizer.json``,
+``tokenizer_config.json``).
 """
 
 from __future__ import annotations
@@ -10,33 +12,34 @@ from typing import Any
 
 import torch
 
-from agent_r1.agent.chat import CHATML_JINJA, render_message, render_system
+from agent_r1.agent.chat import CHAT_FORMATS
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 ARCHS = ("qwen3", "qwen2", "llama")
 
 
-def train_tokenizer(texts: list[str], vocab_size: int = 1024) -> Any:
+def train_tokenizer(texts: list[str], vocab_size: int = 1024, chat_format: str = "chatml") -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
+    fmt = CHAT_FORMATS[chat_format]
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS + TOOL_TOKENS,
+        special_tokens=list(fmt.SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer)
+    named = {fmt.EOS, fmt.PAD, fmt.BOS}
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>"],
-        chat_template=CHATML_JINJA,
+        eos_token=fmt.EOS,
+        pad_token=fmt.PAD,
+        bos_token=fmt.BOS,
+        additional_special_tokens=[t for t in fmt.SPECIAL_TOKENS if t not in named],
+        chat_template=fmt.JINJA,
         model_max_length=2048,
     )
 
@@ -87,17 +90,22 @@ def build_tiny_model(
     kv_heads: int = 2,
     max_positions: int = 2048,
     seed: int = 0,
+    chat_format: str = "chatml",
 ) -> Path:
     """Train the tokenizer on ``texts`` (plus chat/tool markup), build and save a random model."""
     from transformers import AutoModelForCausalLM
 
+    if chat_format not in CHAT_FORMATS:
+        raise ValueError(f"chat_format must be one of {sorted(CHAT_FORMATS)}, got {chat_format!r}")
+    fmt = CHAT_FORMATS[chat_format]
+    render = fmt.__new__(fmt)  # rendering needs no tokenizer
+    chat = [render.render_prefix(None, tools), render.render_message("assistant", "ok")]
     out = Path(out)
-    chat = [render_message("system", render_system(None, tools)), render_message("assistant", "ok")]
-    tokenizer = train_tokenizer(list(texts) + chat * 10, vocab_size)
+    tokenizer = train_tokenizer(list(texts) + chat * 10, vocab_size, chat_format)
     ids = dict(
-        bos_token_id=None,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     cfg = model_config(arch, len(tokenizer), hidden, layers, heads, kv_heads, max_positions, **ids)
     torch.manual_seed(seed)

@@ -22,14 +22,10 @@ from typing import Any
 
 from aiohttp import web
 
-from agent_r1.agent.chat import ChatCodec
-from agent_r1.agent.tool_calls import OPEN as CALL_OPEN
+from agent_r1.agent.chat import ChatCodec, codec_for
 from agent_r1.agent.tool_calls import (
     MalformedCall,
     ToolCall,
-    format_tool_call,
-    format_tool_responses,
-    parse_tool_calls,
 )
 from agent_r1.rollout.sampling import BadRequest
 from agent_r1.rollout.server import Server, dumps
@@ -76,12 +72,14 @@ def _text(content: Any, where: str) -> str:
     raise InvalidRequest(f"{where}: content must be a string or a list of text parts", where)
 
 
-def render_messages(messages: Any) -> list[dict[str, str]]:
-    """OpenAI chat messages -> the plain role/content turns ``ChatCodec`` encodes (as training)."""
+def render_messages(messages: Any) -> list[dict[str, Any]]:
+    """OpenAI chat messages -> the messages ``ChatCodec.encode_chat`` renders in the model's chat
+    format, as training renders them: an assistant's ``tool_calls`` as ``{"name", "arguments"}``,
+    a tool message with the name of the call it answers (found by ``tool_call_id``)."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages: must be a non-empty list", "messages")
-    out: list[dict[str, str]] = []
-    tool_results: list[str] = []
+    out: list[dict[str, Any]] = []
+    names: dict[str, str] = {}  # tool_call_id -> function name
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict) or m.get("role") not in (
@@ -93,16 +91,14 @@ def render_messages(messages: Any) -> list[dict[str, str]]:
         ):
             raise InvalidRequest(f"{where}: needs a role of system, user, assistant or tool", where)
         role = "system" if m["role"] == "developer" else m["role"]
-        if role != "tool" and tool_results:
-            out.append({"role": "user", "content": format_tool_responses(tool_results)})
-            tool_results = []
         text = _text(m.get("content"), f"{where}.content")
-        if role == "tool":
-            tool_results.append(text)
-        elif role == "system" and out:
+        if role == "system" and out:
             raise InvalidRequest(f"{where}: a system message must come first", where)
+        if role == "tool":
+            name = m.get("name") or names.get(m.get("tool_call_id", ""))
+            out.append({"role": "tool", "name": name, "content": text})
         elif role == "assistant" and m.get("tool_calls"):
-            blocks = []
+            calls = []
             for j, c in enumerate(m["tool_calls"]):
                 f = c.get("function") if isinstance(c, dict) else None
                 if not isinstance(f, dict) or not isinstance(f.get("name"), str):
@@ -114,12 +110,15 @@ def render_messages(messages: Any) -> list[dict[str, str]]:
                     raise InvalidRequest(
                         f"{where}.tool_calls[{j}].function.arguments: not JSON ({e})", where
                     ) from None
-                blocks.append(format_tool_call(f["name"], args))
-            out.append({"role": "assistant", "content": "\n".join(([text] if text else []) + blocks)})
+                if not isinstance(args, dict):
+                    raise InvalidRequest(
+                        f"{where}.tool_calls[{j}].function.arguments: must be an object", where
+                    )
+                names[c.get("id", "")] = f["name"]
+                calls.append({"name": f["name"], "arguments": args})
+            out.append({"role": "assistant", "content": text, "tool_calls": calls})
         else:
             out.append({"role": role, "content": text})
-    if tool_results:
-        out.append({"role": "user", "content": format_tool_responses(tool_results)})
     return out
 
 
@@ -146,13 +145,13 @@ def _tool_schemas(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     return out
 
 
-def _tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
-    """Content before the first ``<tool_call>`` and the parsed calls; with a malformed block the
-    whole text stays content (the client sees what the model wrote)."""
-    calls = parse_tool_calls(text)
+def _tool_calls(codec: ChatCodec, text: str) -> tuple[str, list[dict[str, Any]]]:
+    """The reply's content and its parsed calls in the model's format; with a malformed call
+    the whole text stays content (the client sees what the model wrote)."""
+    calls = codec.parse_tool_calls(text)
     if not calls or any(isinstance(c, MalformedCall) for c in calls):
         return text, []
-    return text[: text.find(CALL_OPEN)], [
+    return codec.content(text), [
         {
             "id": f"call_{uuid.uuid4().hex[:24]}",
             "type": "function",
@@ -170,9 +169,9 @@ class OpenAIRoutes:
         self.server, self.engine, self.name = server, server.engine, model_name
         self.codec: ChatCodec | None = None
         try:
-            self.codec = ChatCodec(self.engine.tokenizer)
+            self.codec = codec_for(self.engine.tokenizer)
         except ValueError:
-            pass  # not a ChatML tokenizer: completions only
+            pass  # no chat format agent-r1 knows: completions only
         r = server.app.router
         r.add_get("/v1/models", self.models)
         r.add_post("/v1/completions", self.completions)
@@ -338,7 +337,7 @@ class OpenAIRoutes:
         choices = []
         for i, r in enumerate(reqs):
             text = self._decode(r.out_ids, stops)
-            content, calls = _tool_calls(text) if tools else (text, [])
+            content, calls = _tool_calls(self.codec, text) if tools else (text, [])
             msg: dict[str, Any] = {
                 "role": "assistant",
                 "content": None if calls and not content.strip() else content,
@@ -402,11 +401,9 @@ class OpenAIRoutes:
             text = self._decode(ids, stops)
             calls: list[dict[str, Any]] = []
             if tools and fin:
-                text, calls = _tool_calls(text)
-            elif tools:
-                cut = text.find(CALL_OPEN)
-                # never send what may be the start of a tool-call tag
-                text = text[:cut] if cut >= 0 else text[: len(text) - len(CALL_OPEN)]
+                text, calls = _tool_calls(self.codec, text)
+            elif tools:  # never send what may be the start of a tool call
+                text = self.codec.content(text, final=False)
             if not text.startswith(sent[i]) or (text.endswith("\ufffd") and not fin):
                 text = sent[i]  # half a UTF-8 character or a held-back tag: wait for the rest
             delta, sent[i] = text[len(sent[i]) :], text

@@ -46,6 +46,14 @@ class TinyModelConfig:
     heads: int = 4
     kv_heads: int = 2
     seed: int = 0
+    chat_format: str = "chatml"  # chatml (Qwen, Hermes tool calls) | llama3 | harmony (gpt-oss)
+
+    def __post_init__(self) -> None:
+        _check(
+            self.chat_format in ("chatml", "llama3", "harmony"),
+            "model.build.chat_format",
+            f"chatml, llama3 or harmony, got {self.chat_format!r}",
+        )
 
 
 @dataclass

@@ -83,6 +83,7 @@ def ensure_model(cfg: TrainConfig) -> None:
         b.heads,
         b.kv_heads,
         seed=b.seed,
+        chat_format=b.chat_format,
     )
 
 

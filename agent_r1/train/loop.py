@@ -90,9 +90,7 @@ class Trainer:
         self.t_start, self.wall_before = time.time(), 0.0
         self.codec = None
         if self.rank == 0:
-            from transformers import AutoTokenizer
-
-            self.codec = ChatCodec(AutoTokenizer.from_pretrained(cfg.model.path))
+            self.codec = ChatCodec.load(cfg.model.path)
 
     def stop_requested(self) -> bool:
         return _STOP["signal"] is not None or self.rd.stopping

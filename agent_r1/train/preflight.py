@@ -106,7 +106,6 @@ def data_problems(cfg: TrainConfig, rd: Any = None) -> list[str]:
     agent, its environment built with its options and reset, its reward style and ground truth,
     and its first observation against the token budget. Needs the model's tokenizer. ``rd``: the
     run directory, whose served models (policy, helpers) environments may name."""
-    from transformers import AutoTokenizer
 
     from agent_r1.agent.chat import ChatCodec
     from agent_r1.agent.flow import FlowConfig
@@ -118,7 +117,7 @@ def data_problems(cfg: TrainConfig, rd: Any = None) -> list[str]:
         from agent_r1.rollout.served import use_run_models
 
         use_run_models(cfg, rd)  # registers names only: nothing is asked before the run starts
-    codec = ChatCodec(AutoTokenizer.from_pretrained(cfg.model.path))
+    codec = ChatCodec.load(cfg.model.path)
     flow_cfg = FlowConfig(
         max_steps=cfg.rollout.max_steps,
         max_obs_tokens=cfg.rollout.max_obs_tokens,

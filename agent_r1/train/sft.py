@@ -28,7 +28,7 @@ class Demonstrator:
                 raise RuntimeError(
                     f"demonstration for {trajectory_id} has no turn left (the env wants more steps)"
                 )
-            ids = self.codec.encode(turns.pop(0)) + [self.codec.im_end_id]
+            ids = self.codec.encode_action(turns.pop(0))  # the calls in this model's format
             reason = FinishReason.STOP
             if len(ids) > sampling.max_new_tokens:
                 ids, reason = ids[: sampling.max_new_tokens], FinishReason.LENGTH

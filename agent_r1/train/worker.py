@@ -69,7 +69,6 @@ class Worker:
     MAX_ATTEMPTS = 5  # a share whose servers all died is run again (nothing of it was committed)
 
     def __init__(self, cfg: TrainConfig, rd: RunDir, index: int):
-        from transformers import AutoTokenizer
 
         from agent_r1.agent.chat import ChatCodec
         from recipes import load_all, load_recipe
@@ -77,7 +76,7 @@ class Worker:
         load_all()
         self.cfg, self.rd, self.index = cfg, rd, index
         self.recipe = load_recipe(cfg.recipe.name)
-        self.codec = ChatCodec(AutoTokenizer.from_pretrained(cfg.model.path))
+        self.codec = ChatCodec.load(cfg.model.path)
         self._rows: dict[str, list[Any]] = {}
         self.api_key = rd.api_key()
         use_run_retriever(cfg, rd)

@@ -244,3 +244,18 @@ def test_ppo_with_critic_and_reference_kl(tiny_model_dir, tmp_path, layout):
     assert "resumed from" in log and "iter_000001" in log and "critic resumed from" in log
     assert [e["iteration"] for e in ledger(run)] == [0, 1, 2]
     assert (run / "checkpoints" / "iter_000002.critic" / "agent_r1_state.json").exists()
+
+
+@pytest.mark.parametrize("chat_format", ["llama3", "harmony"])
+def test_training_with_another_chat_format(chat_format, tmp_path):
+    """The quickstart with a tiny model in the Llama 3 / Harmony format: demonstrations are
+    rendered in that format's tool calls, the agents parse its calls and results, the run ends."""
+    run = tmp_path / "run"
+    args = reduced(
+        tmp_path / "m", run, f"model.build.chat_format={chat_format}", build=True, action_tokens=None
+    )
+    s = check_finished(train(args), run, 2)
+    sft = read_records(run, 0, "sft_records")
+    calls = [c for x in sft.column("info").to_pylist() for c in json.loads(x).get("tool_calls", [])]
+    assert calls and all(c["name"] == "calculator" and not c.get("error") for c in calls)
+    assert s["eval_success_end"] is not None

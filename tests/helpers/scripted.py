@@ -18,7 +18,8 @@ class ScriptedPolicy:
     async def __call__(self, token_ids: list[int], sampling: SamplingParams) -> Completion:
         self.calls.append((list(token_ids), sampling))
         text = self.responses.pop(0)
-        ids = self.codec.encode(text) + ([self.codec.im_end_id] if self.close else [])
+        ids = self.codec.encode_action(text)  # Hermes-form calls in the codec's format, + stop
+        ids = ids if self.close else ids[:-1]
         reason = FinishReason.STOP
         if len(ids) > sampling.max_new_tokens:
             ids, reason = ids[: sampling.max_new_tokens], FinishReason.LENGTH

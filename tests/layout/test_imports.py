@@ -85,7 +85,10 @@ ALLOWED = {
     "records": set(),
     "rollout": {"records", "process"},
     "jsonfiles": set(),
-    "retrieval": {"rollout", "jsonfiles"},  # its server reuses the rollout server's HTTP helpers (API key, bodies)
+    "retrieval": {
+        "rollout",
+        "jsonfiles",
+    },  # its server reuses the rollout server's HTTP helpers (API key, bodies)
     "tools": {"registry", "retrieval"},
     "rewards": {"registry"},
     "data": {"records"},
