@@ -57,9 +57,13 @@ def _episodes(table) -> dict[int, list[list[int]]]:
     return out
 
 
-@pytest.mark.parametrize("layout", [[], ["parallel.pp=2", "parallel.learner_ranks=2"]], ids=["tp1pp1", "pp2"])
+@pytest.mark.parametrize(
+    "layout",
+    [[], ["parallel.tp=2", "parallel.learner_ranks=2"], ["parallel.pp=2", "parallel.learner_ranks=2"]],
+    ids=["tp1pp1", "tp2", "pp2"],
+)
 def test_eval_of_a_run_reproduces_the_trainers_held_out_episodes(tiny_model_dir, tmp_path, layout):
-    """The checkpoint (PP2: two stage files, resharded on export) exported to HF and served greedily
+    """The checkpoint (TP2 / PP2: two shard files, resharded on export) exported to HF and served greedily
     generates what the trainer's servers generated from the weights the learner pushed."""
     run = tmp_path / "run"
     check_finished(train(reduced(tiny_model_dir, run, "recipe.test_size=8", *layout)), run, 2)
