@@ -50,6 +50,13 @@ def unscored(response: str, ground_truth: str) -> RewardResult:  # noqa: ARG001
     return RewardResult(0.0, False, False, None, {"unscored": True})
 
 
+@REWARDS.register("env_scored")
+def env_scored(response: str, ground_truth: str) -> RewardResult:  # noqa: ARG001
+    """The environment scores the episode itself (its last step's reward and ``info.reward``);
+    this style is what an unfinished episode falls back to: nothing."""
+    return RewardResult(0.0, False, False, None)
+
+
 def compute_reward(reward_model: dict[str, Any], response: str) -> RewardResult:
     """Score ``response`` by ``reward_model = {"style": ..., "ground_truth": ..., **options}``."""
     opts = {k: v for k, v in reward_model.items() if k not in ("style", "ground_truth")}

@@ -1,0 +1,148 @@
+"""webshop: shop for what an instruction asks (WebShop's task): search, open products, pick
+options, buy. Rows carry the goal; the environment (``env.py``) runs the site and scores the
+purchase with WebShop's reward. Data: WebShop's own files (``recipe.options.data=DIR`` with
+``items_shuffle*.json``, ``items_ins_v2*.json``, ``items_human_ins.json``; ``human: true`` for the
+human instructions) or the seeded offline catalogue in the same layout. Goals are shuffled with
+the seed; the first ``test_goals`` are the test split, the rest train (upstream holds out the
+first 500)."""
+
+from __future__ import annotations
+
+import functools
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from agent_r1.agent.tool_calls import format_tool_call
+from agent_r1.data.rows import DataRow
+from recipes.webshop.catalog import (
+    Goal,
+    Product,
+    catalog_version,
+    generate_catalog,
+    load_goals,
+    product_prices,
+)
+
+AGENT = "webshop"
+TOOLS = ["env_step"]
+SYSTEM = (
+    "You are shopping on WebShop for what the instruction asks. Each step, call env_step with one "
+    "action: search[keywords] or click[target], a target the page shows. Open products, choose the "
+    "options the instruction names, and click[buy now] on the product that matches its attributes, "
+    "options and price."
+)
+TEST_GOALS = 40
+
+
+@functools.lru_cache(maxsize=4)
+def catalog(
+    data: str | None = None, seed: int = 0, human: bool = False
+) -> tuple[list[Product], list[Goal], dict[str, float]]:
+    """Products, shuffled goals and prices: of WebShop's files in ``data``, or of the offline
+    catalogue generated with ``seed`` (written once to a temporary folder and read back through
+    the same loader)."""
+    if data is None:
+        folder = Path(tempfile.gettempdir()) / f"agent_r1_webshop_catalog_{catalog_version()}_{seed}"
+        if not (folder / "items_human_ins.json").exists():
+            tmp = folder.with_name(folder.name + f".tmp{random.randrange(1 << 30)}")
+            generate_catalog(tmp, seed)
+            try:
+                tmp.replace(folder)
+            except OSError:  # another process wrote it first
+                pass
+        data = str(folder)
+    products, goals = load_goals(data, human=human, seed=233 + seed)
+    prices = product_prices(products, random.Random(seed))
+    return products, goals, prices
+
+
+def goal_to_row(goal: Goal, split: str, data: str | None, seed: int, human: bool) -> DataRow:
+    return DataRow(
+        prompt=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": goal.instruction_text}],
+        agent_name=AGENT,
+        reward_model={"style": "env_scored", "ground_truth": goal.asin},
+        data_source="webshop",
+        env_kwargs={"data": data, "seed": seed, "human": human},
+        extra_info={"split": split, "goal": goal.to_json()},
+    )
+
+
+def build_rows(split: str = "train", num: int | None = None, seed: int = 0, data: str | None = None,
+               human: bool = False, test_goals: int = TEST_GOALS) -> list[DataRow]:  # fmt: skip
+    _, goals, _ = catalog(data, seed, human)
+    chosen = goals[:test_goals] if split == "test" else goals[test_goals:]
+    return [goal_to_row(g, split, data, seed, human) for g in chosen[:num]]
+
+
+def oracle(goal: Goal, shop: Any) -> list[str]:
+    """The actions that buy the goal's product with its options: search its kind and attributes,
+    page to it, open it, choose the options, buy."""
+    from recipes.webshop.shop import PER_PAGE
+
+    keywords = " ".join([goal.query, *goal.attributes])
+    results = shop.engine.search(keywords)
+    asins = [p.asin for p in results]
+    if goal.asin not in asins:
+        keywords = shop.products[goal.asin].title.lower()
+        asins = [p.asin for p in shop.engine.search(keywords)]
+    if goal.asin not in asins:
+        raise ValueError(f"the oracle cannot find {goal.asin} by its title")
+    page = asins.index(goal.asin) // PER_PAGE
+    values = (
+        list(goal.goal_options.values()) if isinstance(goal.goal_options, dict) else list(goal.goal_options)
+    )
+    return (
+        [f"search[{keywords}]"] + ["click[next >]"] * page + [f"click[{goal.asin.lower()}]"]
+        + [f"click[{v}]" for v in values] + ["click[buy now]"]
+    )  # fmt: skip
+
+
+def demonstrations(rows: list[DataRow], seed: int = 0, wrong_rate: float = 0.0) -> list[list[str]]:
+    """The oracle's purchases as env_step calls. With ``wrong_rate`` a noisy shopper: that often it
+    buys the first search result instead (often another product: a low score)."""
+    from recipes.webshop.env import shop_for
+
+    rng = random.Random(seed)
+    out = []
+    for row in rows:
+        goal = Goal(**row.extra_info["goal"])
+        shop = shop_for(
+            row.env_kwargs.get("data"), row.env_kwargs.get("seed", 0), row.env_kwargs.get("human", False)
+        )
+        actions = oracle(goal, shop)
+        if rng.random() < wrong_rate:
+            first = shop.engine.search(" ".join([goal.query, *goal.attributes]))[0]
+            actions = [actions[0], f"click[{first.asin.lower()}]", "click[buy now]"]
+        out.append([format_tool_call("env_step", {"command": a}) for a in actions])
+    return out
+
+
+def corpus(num: int = 0, seed: int = 0) -> list[str]:
+    """Tokenizer texts: pages, instructions and the oracle's actions of the catalogue."""
+    from agent_r1.agent.chat import render_message, render_system
+    from agent_r1.tools import TOOLS as REGISTRY
+    from recipes.webshop.env import WebShopEnv, shop_for  # noqa: F401  (registers env_step)
+
+    products, goals, _ = catalog(None, seed)
+    shop = shop_for(None, seed, False)
+    texts = []
+    for p in products:
+        texts += [p.title, p.description, *p.bullets, p.price_tag, p.asin, p.asin.lower()]
+    rows = [goal_to_row(g, "train", None, seed, False) for g in goals[: num or len(goals)]]
+    for row, demo in zip(rows, demonstrations(rows, seed), strict=True):
+        texts.append(row.prompt[1]["content"])
+        texts += demo
+    from recipes.webshop.shop import Session
+
+    for g in goals[:20]:
+        s = Session(g)
+        texts.append(shop.observation(s))
+        for a in oracle(g, shop):
+            shop.step(s, a)
+            texts.append(shop.observation(s))
+            texts += shop.available_actions(s)
+    schemas = [REGISTRY.get(t)().schema for t in TOOLS]
+    texts += [render_message("system", render_system(SYSTEM, schemas))] * 20
+    return texts
