@@ -220,7 +220,12 @@ def gigpo(x: StepInputs, cfg: AdvantageConfig, reducer: Reducer) -> Advantages:
     G = reverse_scan(x.reward, cfg.gamma * _not_last(x.traj))
     step_group = _mix64(x.group_key[x.traj] ^ _mix64(x.anchor_key))
     a_step = _group_normalized(G, step_group, cfg, reducer, cfg.norm_by_std)
-    return Advantages(a_ep + cfg.gigpo_step_weight * a_step, G)
+    _, _, count = group_stats(step_group, G, reducer)
+    metrics = {  # how much the step level has to say (this rank's steps)
+        "gigpo/steps_in_step_groups": float((count >= 2).float().mean()) if count.numel() else 0.0,
+        "gigpo/step_adv_abs": float(a_step.abs().mean()) if a_step.numel() else 0.0,
+    }
+    return Advantages(a_ep + cfg.gigpo_step_weight * a_step, G, metrics=metrics)
 
 
 # ---- token-level --------------------------------------------------------------------------------

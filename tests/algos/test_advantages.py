@@ -101,6 +101,9 @@ def test_hand_reinforce_pp_and_gigpo():
     assert gi.step_adv.tolist() == pytest.approx(
         [e + 0.5 * a for e, a in zip(ep.tolist(), step, strict=True)]
     )
+    # logged: 2 of the 6 steps are in a step group of size >= 2; the mean |A_step|
+    assert gi.metrics["gigpo/steps_in_step_groups"] == pytest.approx(2 / 6)
+    assert gi.metrics["gigpo/step_adv_abs"] == pytest.approx(sum(abs(a) for a in step) / 6)
 
 
 # ---- float64 loop references --------------------------------------------------------------------

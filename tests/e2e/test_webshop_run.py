@@ -1,0 +1,29 @@
+"""One short webshop training run as a user starts it (the preset with a few overrides): the
+launcher builds the model, the warm start replays the shoppers' demonstrations, the agents shop
+through env_step, the purchase score and GiGPO-relevant anchors are recorded."""
+
+from __future__ import annotations
+
+import json
+
+from train_checks import check_finished, read_records, reduced, train
+
+from agent_r1.train.plot import read_scalars
+
+
+def test_webshop_short_run(tmp_path):
+    run = tmp_path / "run"
+    args = reduced(tmp_path / "model", run, "algorithm=gigpo", "algorithm.critic=false",
+                   preset="webshop_steppo", build=True, demos=64, action_tokens=None)  # fmt: skip
+    s = check_finished(train(args), run, 2)
+    assert s["algorithm"] == "gigpo"
+    sft = read_records(run, 0, "sft_records")
+    infos = [json.loads(x) for x in sft.column("info").to_pylist()]
+    assert all("anchor_obs" in i for i in infos)
+    calls = [c for i in infos for c in i.get("tool_calls", [])]
+    assert calls and all(c["name"] == "env_step" and not c.get("error") for c in calls)
+    bought = [i["reward"] for i in infos if isinstance(i.get("reward"), dict)]
+    assert bought and all(0.0 <= r["metrics"]["score"] <= 1.0 for r in bought)
+    scalars = read_scalars(run / "tensorboard")
+    for tag in ("eval/score", "rollout/score", "eval/success"):
+        assert tag in scalars, sorted(scalars)
