@@ -188,6 +188,18 @@ def _view(a: argparse.Namespace) -> int:
     return 0
 
 
+def _env_serve(a: argparse.Namespace) -> int:
+    from agent_r1.train.env_server import recipe_server
+
+    setup_logging("env")
+    try:
+        server = recipe_server(a.recipe)
+    except ValueError as e:
+        raise SystemExit(f"agent-r1 env serve: {e}") from None
+    options = {k: v for k, v in (("data", a.data), ("human", a.human)) if v}
+    return server.serve(a.host, a.port, a.ready_file, _api_key(a), None, seed=a.seed, **options)
+
+
 def _export(a: argparse.Namespace) -> int:
     from agent_r1.evaluate import export_checkpoint, newest_checkpoint
     from agent_r1.train.config import from_yaml
@@ -483,6 +495,20 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--export-dir", default="chat_models", help="where --run's checkpoint is exported")
     ch.add_argument("--no-color", action="store_true")
     ch.set_defaults(fn=_chat)
+
+    en = sub.add_parser("env", help="a recipe's environment as a service")
+    ens = en.add_subparsers(dest="env_command", required=True)
+    es = ens.add_parser("serve", help="serve a recipe's environment (e.g. webshop) over HTTP")
+    es.add_argument("recipe")
+    es.add_argument("--host", default="127.0.0.1")
+    es.add_argument("--port", type=int, default=0, help="0 = any free port")
+    es.add_argument("--ready-file", default=None, help='written with {"url"} once serving')
+    es.add_argument("--data", default=None, help="the recipe's data folder (webshop: WebShop's files)")
+    es.add_argument("--human", action="store_true", help="webshop: the human instructions")
+    es.add_argument("--seed", type=int, default=0)
+    es.add_argument("--api-key", default=None)
+    es.add_argument("--api-key-file", default=None)
+    es.set_defaults(fn=_env_serve)
 
     vw = sub.add_parser("view", help="a run's trajectories as one self-contained HTML file")
     vw.add_argument("run_dir")

@@ -104,6 +104,8 @@ class AgentFlow:
             traj.metrics["success"] = float(res.correct)
         elif isinstance(last.info.get("reward"), dict):  # the environment scored its own episode
             traj.metrics["success"] = float(bool(last.info["reward"].get("correct")))
+        if last.info.get("env_error"):  # the environment died under the episode: not trainable
+            traj.metrics["env_error"] = 1.0
         traj.metrics["reward"] = traj.total_reward
         traj.metrics["num_steps"] = float(len(traj.steps))
         traj.metrics["num_tool_calls"] = float(traj.num_tool_calls)

@@ -164,6 +164,9 @@ class RolloutConfig:
     # other models served beside the policy, each by a role of its name, e.g. {selector: HF_DIR}
     # (paper_search's LLM judge) or {summarizer: HF_DIR}; the OPD teacher is algorithm.teacher
     helpers: dict[str, str] = field(default_factory=dict)
+    # the recipe's environment as a service (recipes/<name>/server.py, e.g. webshop): one
+    # env_server role every worker's environments talk to, restarted like the other roles
+    env_server: bool = False
 
     def __post_init__(self) -> None:
         _check(

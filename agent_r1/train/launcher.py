@@ -199,6 +199,9 @@ class LocalLauncher:
             self.add("router_0", "router", 0, restartable=True)
         if cfg.retrieval.index and cfg.retrieval.serve:
             self.add("retriever_0", "retriever", 0, restartable=True)
+        self.rd.env_server_file.unlink(missing_ok=True)
+        if cfg.rollout.env_server:
+            self.add("env_server_0", "env_server", 0, restartable=True)
         if cfg.rollout.engine == "embedded":
             for i in range(cfg.rollout.servers):
                 self.add(f"server_{i}", "server", i, restartable=True)
@@ -264,6 +267,8 @@ class LocalLauncher:
                     (self.rd.helper_dir(p.name.rpartition("_")[0]) / f"{p.name}.json").unlink(missing_ok=True)
                     if p.name.startswith("router_"):
                         self.rd.router_file.unlink(missing_ok=True)
+                    if p.name.startswith("env_server_"):
+                        self.rd.env_server_file.unlink(missing_ok=True)
                     p.start()
             time.sleep(poll_s)
 

@@ -171,12 +171,14 @@ class Trainer:
         load_all()
         from agent_r1.retrieval.client import use_run_retriever
         from agent_r1.rollout.served import use_run_models
+        from agent_r1.train.env_server import use_run_env_server
         from agent_r1.train.rows import split_rows
 
         r, rc = self.cfg.recipe, self.cfg.rollout
         recipe = load_recipe(r.name)
         use_run_retriever(self.cfg, self.rd)  # demonstrations search like the policy will
         use_run_models(self.cfg, self.rd)  # and are judged / summarised by the same helper models
+        use_run_env_server(self.cfg, self.rd)  # and shop on the same site
         rows = split_rows(self.cfg, "train")
         rows = (rows * (self.cfg.sft.demos // len(rows) + 1))[: self.cfg.sft.demos]
         flow = FlowConfig(

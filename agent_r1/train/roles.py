@@ -193,6 +193,10 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
             cfg.retrieval.mode,
             stop_when=lambda: rd.shutdown_flag.exists(),
         )
+    if role == "env_server":
+        from agent_r1.train.env_server import serve_env
+
+        return serve_env(cfg, env.address, 0, rd.env_server_file, rd.api_key(), lambda: rd.shutdown_flag.exists())
     if role == "worker":
         import torch
 
@@ -201,7 +205,7 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
         torch.set_num_threads(1)
         Worker(cfg, rd, idx).serve_forever()
         return 0
-    known = ", ".join(["learner", "server", "worker", "router", "retriever", *helpers])
+    known = ", ".join(["learner", "server", "worker", "router", "retriever", "env_server", *helpers])
     raise ValueError(f"unknown role {role!r} in this run: {known}")
 
 

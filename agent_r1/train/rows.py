@@ -43,8 +43,9 @@ def split_rows(cfg: TrainConfig, split: str, num: int | None = None) -> list[Dat
     if len(rows) < want:
         raise RowError(f"{source}: {len(rows)} {split} rows, but recipe.{split}_size asks for {want}")
     rows = rows[:want]
-    if r.env:  # config-wide environment options (e.g. the context mode) under each row's own
-        rows = [dataclasses.replace(row, env_kwargs={**r.env, **row.env_kwargs}) for row in rows]
+    env = {**({"server": "run"} if cfg.rollout.env_server else {}), **r.env}
+    if env:  # config-wide environment options (e.g. the context mode) under each row's own
+        rows = [dataclasses.replace(row, env_kwargs={**env, **row.env_kwargs}) for row in rows]
     return rows
 
 

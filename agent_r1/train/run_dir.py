@@ -81,6 +81,7 @@ class RunDir:
     stop_flag = property(lambda self: self.root / "control" / "STOP")
     router_file = property(lambda self: self.root / "control" / "router.json")
     retriever_file = property(lambda self: self.root / "control" / "retriever.json")
+    env_server_file = property(lambda self: self.root / "control" / "env_server.json")
     shutdown_flag = property(lambda self: self.root / "control" / "SHUTDOWN")  # the run is over
     api_key_file = property(lambda self: self.root / "control" / "api_key")
     lock_file = property(lambda self: self.root / "control" / "owner.lock")

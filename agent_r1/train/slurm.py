@@ -171,6 +171,8 @@ def render_job(
         rollout_roles.insert(0, ("router", 1, [], ["--index", "0"]))
     if cfg.retrieval.index and cfg.retrieval.serve:  # the workers' shared index, on a rollout node
         rollout_roles.insert(0, ("retriever", 1, [], ["--index", "0"]))
+    if cfg.rollout.env_server:  # the recipe's environment service, on a rollout node
+        rollout_roles.insert(0, ("env_server", 1, [], ["--index", "0"]))
     # rollout roles are supervised in their step: one that dies is restarted in place
     steps = [
         _srun(

@@ -17,6 +17,7 @@ import pyarrow as pa
 from agent_r1.retrieval.client import use_run_retriever
 from agent_r1.rollout.served import use_run_models
 from agent_r1.train.config import TrainConfig
+from agent_r1.train.env_server import use_run_env_server
 from agent_r1.train.metrics import episode_stats
 from agent_r1.train.run_dir import RunDir
 from agent_r1.train.tasks import RoleTimeout, RolloutTask, acknowledge, pending_tasks
@@ -81,6 +82,7 @@ class Worker:
         self.api_key = rd.api_key()
         use_run_retriever(cfg, rd)
         use_run_models(cfg, rd)
+        use_run_env_server(cfg, rd)
 
     def rows(self, split: str) -> list[Any]:
         if split not in self._rows:
@@ -181,6 +183,13 @@ class Worker:
             finally:
                 await client.close()
         gen_s = time.time() - t0
+        errored = [t for t in trajs if t.metrics.get("env_error")]
+        if errored:  # the environment server died under them: counted, never trained on
+            log.warning(
+                "%s: %d of %d episodes ended on an environment error and are dropped (first: %s)",
+                task.name, len(errored), len(trajs), errored[0].steps[-1].info["env_error"],
+            )  # fmt: skip
+            trajs = [t for t in trajs if not t.metrics.get("env_error")]
         table = records_to_table([s for t in trajs for s in t.steps])
         if task.teacher:
             teachers = discover_servers(self.rd.root, self.rd.teachers.name)
@@ -194,7 +203,9 @@ class Worker:
             )
         meta = write_shard(out_dir, task.iteration, self.index, table)
         metrics = episode_stats(trajs)
-        metrics.update(rows=meta.rows, generate_s=gen_s, total_s=time.time() - t0)
+        metrics.update(
+            rows=meta.rows, generate_s=gen_s, total_s=time.time() - t0, env_errors=float(len(errored))
+        )
         log.info(
             "%s: %d episodes, success %.3f, %d rows, %.1f s",
             task.name,

@@ -6,6 +6,10 @@ Rewards per step: +10 when a purchase scores 1.0 (WebShop's success), -0.1 for a
 or a reply without one call, else 0; the purchase's score in [0, 1] is logged (``rollout/score``,
 ``eval/score``). At most 15 steps. Each step records its page (``info.anchor_obs``) so GiGPO groups
 the steps of a group's trajectories that stand on the same page.
+
+The site runs in this process, or on the run's WebShop environment server (``server="run"``: the
+launcher's ``env_webshop`` role; or a URL). A server that stays unreachable ends the episode with
+``info.env_error``: the rollout worker counts and drops it, so it is never trained on.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from agent_r1.agent.types import Action, Observation, StepResult
 from agent_r1.tools import TOOLS, BaseTool, ToolError, ToolOutput
 from recipes.webshop.catalog import Goal
 from recipes.webshop.data import AGENT, SYSTEM, catalog
-from recipes.webshop.shop import Session, Shop
+from recipes.webshop.sessions import EnvServerError, LocalSession, RemoteSession
+from recipes.webshop.shop import Shop
 
 SUCCESS_REWARD, INVALID_PENALTY = 10.0, 0.1
 
@@ -30,6 +35,26 @@ SUCCESS_REWARD, INVALID_PENALTY = 10.0, 0.1
 def shop_for(data: str | None, seed: int, human: bool) -> Shop:
     products, _, prices = catalog(data, seed, human)
     return Shop(products, prices)
+
+
+_ENV_SERVER: dict[str, Any] = {}  # the run's environment server: {"url": ..., "api_key": ...}
+
+
+def use_env_server(url: str | None, api_key: str | None = None) -> None:
+    """Where ``server="run"`` points in this process (the worker sets it from the run directory)."""
+    _ENV_SERVER.clear()
+    if url:
+        _ENV_SERVER.update(url=url, api_key=api_key)
+
+
+def server_url(server: str | None) -> str | None:
+    if server in (None, "", "local"):
+        return None
+    if server == "run":
+        if "url" not in _ENV_SERVER:
+            raise ValueError("webshop: server=run, but this process knows no environment server of a run")
+        return _ENV_SERVER["url"]
+    return server
 
 
 @TOOLS.register("env_step")
@@ -50,13 +75,18 @@ class EnvStep(BaseTool):
         self.env: WebShopEnv | None = None  # bound by the environment that owns it
 
     async def execute(self, args: dict[str, Any]) -> ToolOutput:
-        if self.env is None:
+        env = self.env
+        if env is None:
             raise ToolError("env_step works only inside a WebShop environment")
-        ok, why = self.env.shop.step(self.env.session, args["command"])
-        self.env.actions.append(args["command"])
+        try:
+            ok, why = await env.session.act(args["command"])
+        except EnvServerError as e:
+            env.env_error = str(e)
+            raise ToolError(f"the shopping site is unreachable: {e}") from None
+        env.actions.append(args["command"])
         if not ok:
             raise ToolError(f"invalid action: {why}")
-        return ToolOutput(f"ok: {args['command']}", None, {"page": self.env.session.page})
+        return ToolOutput(f"ok: {args['command']}", None, {"page": env.session.snap.page})
 
 
 @ENVS.register("webshop")
@@ -64,19 +94,21 @@ class WebShopEnv(ToolEnv):
     CHAT_CONTINUES = False
 
     def __init__(self, codec: Any, data: str | None = None, seed: int = 0, human: bool = False,
-                 keep_actions: int = 3, **kwargs: Any):  # fmt: skip
+                 keep_actions: int = 3, server: str | None = None, **kwargs: Any):  # fmt: skip
         kwargs.setdefault("tools", ["env_step"])
         kwargs.setdefault("max_steps", 15)
         kwargs.setdefault("max_calls_per_step", 1)
         kwargs.setdefault("error_penalty", INVALID_PENALTY)
         kwargs.setdefault("system_prompt", SYSTEM)
         super().__init__(codec, context="rewrite", **kwargs)
-        self.shop = shop_for(data, seed, human)
+        self.where = (data, seed, human)
+        self.server = server_url(server)
         self.tools["env_step"].env = self
         self.keep_actions = keep_actions
-        self.session: Session | None = None
+        self.session: LocalSession | RemoteSession | None = None
         self.actions: list[str] = []
         self.errors: list[str] = []
+        self.env_error: str | None = None
 
     def reset(self, prompt: list[dict[str, Any]] | None = None, **row: Any) -> Observation:
         goal = (row.get("extra_info") or {}).get("goal")
@@ -87,20 +119,24 @@ class WebShopEnv(ToolEnv):
             messages.pop(0)["content"] if messages and messages[0]["role"] == "system" else self.system_prompt
         )
         self.history = History(self.codec.encode_system(system, self.tool_schemas))
-        self.session, self.actions, self.errors = Session(Goal(**goal)), [], []
+        if self.server is not None:
+            self.session = RemoteSession(self.server, Goal(**goal), _ENV_SERVER.get("api_key"))
+        else:
+            self.session = LocalSession(shop_for(*self.where), Goal(**goal))
+        self.actions, self.errors, self.env_error = [], [], None
         self.num_steps = 0
         self._render()
         return Observation(token_ids=self.context.view(self.history))
 
     def render_text(self) -> str:
-        s = self.session
-        lines = ["### Instruction", s.goal.instruction_text, "### Current page", self.shop.observation(s).split(
-            s.goal.instruction_text + " [SEP] ", 1)[-1]]  # fmt: skip
+        snap, instruction = self.session.snap, self.session.goal.instruction_text
+        page = snap.observation.split(instruction + " [SEP] ", 1)[-1]
+        lines = ["### Instruction", instruction, "### Current page", page]
         if self.actions:
             lines += ["### Last actions", *self.actions[-self.keep_actions :]]
         if self.errors:
             lines += ["### Error", self.errors[-1]]
-        lines += ["### Available actions", *self.shop.available_actions(s)]
+        lines += ["### Available actions", *snap.actions]
         return "\n".join(lines)
 
     def _render(self) -> None:
@@ -108,12 +144,15 @@ class WebShopEnv(ToolEnv):
         self.history.turns = [Turn("user", self.codec.encode_message("user", text), text)]
 
     async def step(self, action: Action) -> StepResult:
-        anchor = self.shop.state_key(self.session)
+        anchor = self.session.snap.key
         self.errors = []
         res = await super().step(action)
         res.info["anchor_obs"] = anchor
-        s = self.session
-        if s.page == "done":  # bought: the episode ends with WebShop's score
+        s = self.session.snap
+        if self.env_error is not None:  # the site is gone: the episode ends, and is not trained on
+            res.observation, res.done, res.reward = None, True, 0.0
+            res.info["env_error"] = self.env_error
+        elif s.page == "done":  # bought: the episode ends with WebShop's score
             won = s.reward == 1.0
             res.observation, res.done = None, True
             res.reward = SUCCESS_REWARD if won else 0.0
@@ -126,6 +165,11 @@ class WebShopEnv(ToolEnv):
     async def observe(self, outputs: list[ToolOutput], feedback: str) -> None:
         self.errors = [o.result for o in outputs if o.info.get("error")]
         self._render()
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+        await super().close()
 
     def answer_allowed(self) -> bool:
         return False  # the episode ends with a purchase (or at max_steps)

@@ -123,7 +123,8 @@ class Shop:
             parts = ["Thank you for shopping with us!", "Your score (min 0.0, max 1.0)", f"{s.reward}"]
         return " [SEP] ".join(parts)
 
-    def state_key(self, s: Session) -> str:
+    @staticmethod
+    def state_key(s: Session) -> str:
         """The page a shopper is on, for GiGPO's step groups: the same page with the same choices
         is the same state (the instruction is the group's, so it is left out)."""
         extra = f"|{sorted(s.options.items())}" if s.page == "item" else ""

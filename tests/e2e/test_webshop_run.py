@@ -1,6 +1,7 @@
 """One short webshop training run as a user starts it (the preset with a few overrides): the
-launcher builds the model, the warm start replays the shoppers' demonstrations, the agents shop
-through env_step, the purchase score and GiGPO-relevant anchors are recorded."""
+launcher builds the model and starts the site as the run's env_server role, the warm start replays
+the shoppers' demonstrations there, the agents shop through env_step, the purchase score and
+GiGPO's anchors are recorded."""
 
 from __future__ import annotations
 
@@ -13,10 +14,17 @@ from agent_r1.train.plot import read_scalars
 
 def test_webshop_short_run(tmp_path):
     run = tmp_path / "run"
-    args = reduced(tmp_path / "model", run, "algorithm=gigpo", "algorithm.critic=false",
+    args = reduced(tmp_path / "model", run, "algorithm=gigpo", "algorithm.critic=false", "rollout.env_server=true",
                    preset="webshop_steppo", build=True, demos=64, action_tokens=None)  # fmt: skip
     s = check_finished(train(args), run, 2)
     assert s["algorithm"] == "gigpo"
+    # the site ran as the run's env_server role; the warm start and the workers shopped there
+    assert "webshop environment" in (run / "logs" / "env_server_0.log").read_text()
+    for name in ("worker_0", "learner_0"):
+        assert (
+            "environments use the run's webshop server at http://"
+            in (run / "logs" / f"{name}.log").read_text()
+        )
     sft = read_records(run, 0, "sft_records")
     infos = [json.loads(x) for x in sft.column("info").to_pylist()]
     assert all("anchor_obs" in i for i in infos)

@@ -1,0 +1,40 @@
+"""A recipe's environment as a service of the run (``rollout.env_server``): the launchers start
+one ``env_server`` role (restarted when it dies, on a rollout node under Slurm) from the recipe's
+``server.serve``; every worker's environments and the warm start talk to it through the recipe's
+``env.use_env_server``. Rows get the environment option ``server: run``."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def recipe_server(name: str) -> Any:
+    try:
+        return importlib.import_module(f"recipes.{name}.server")
+    except ModuleNotFoundError:
+        raise ValueError(
+            f"rollout.env_server: recipe {name} has no environment service (recipes/{name}/server.py)"
+        ) from None
+
+
+def serve_env(cfg: Any, host: str, port: int, ready_file: Path, api_key: str | None, stop_when: Any) -> int:
+    """The ``env_server`` role: the recipe's server with the run's recipe options and seed."""
+    return recipe_server(cfg.recipe.name).serve(
+        host, port, ready_file, api_key, stop_when, seed=cfg.recipe.seed, **dict(cfg.recipe.options)
+    )
+
+
+def use_run_env_server(cfg: Any, rd: Any) -> None:
+    """This process's environments use the run's environment server (when ``rollout.env_server``)."""
+    if not cfg.rollout.env_server:
+        return
+    from agent_r1.retrieval.server import wait_for_retriever as wait_for_file
+
+    url = wait_for_file(rd.env_server_file, cfg.rollout.ready_timeout_s)
+    importlib.import_module(f"recipes.{cfg.recipe.name}.env").use_env_server(url, rd.api_key())
+    log.info("environments use the run's %s server at %s", cfg.recipe.name, url)

@@ -1,0 +1,131 @@
+"""``agent-r1 env serve webshop``: the WebShop site as an HTTP service, many shoppers at once.
+
+Routes (JSON): ``POST /reset {"goal"}`` -> ``{"session"}``; ``POST /step {"session", "action"}`` ->
+``{"valid", "message", "snapshot"}``; ``POST /close {"session"}``; ``GET /health``. Each session is
+its own state (page, results, item, options); the products and the search index are shared. Idle
+sessions beyond ``max_sessions`` are dropped oldest first. Bad requests get 400 naming the field,
+an unknown session 404. The run's API key protects every route but ``/health``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import signal
+import uuid
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from agent_r1.rollout.sampling import BadRequest
+from agent_r1.rollout.server import _error, _json, api_key_middleware, read_json_body, start_site
+from recipes.webshop.catalog import Goal
+from recipes.webshop.sessions import snapshot
+from recipes.webshop.shop import Session, Shop
+
+log = logging.getLogger("agent_r1.webshop_server")
+GOAL_KEYS = {f.name for f in dataclasses.fields(Goal)}
+
+
+class WebShopServer:
+    def __init__(self, shop: Shop, api_key: str | None = None, max_sessions: int = 10000):
+        self.shop, self.max_sessions = shop, max_sessions
+        self.sessions: OrderedDict[str, Session] = OrderedDict()
+        self.app = web.Application(middlewares=[api_key_middleware(api_key)] if api_key else [])
+        self.app.router.add_get("/health", self.health)
+        self.app.router.add_post("/reset", self.reset)
+        self.app.router.add_post("/step", self.step)
+        self.app.router.add_post("/close", self.close)
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        body = await read_json_body(request)
+        if not isinstance(body, dict):
+            raise BadRequest("body must be a JSON object")
+        return body
+
+    async def health(self, request: web.Request) -> web.Response:
+        return _json({"status": "ok", "sessions": len(self.sessions), "products": len(self.shop.products)})
+
+    async def reset(self, request: web.Request) -> web.Response:
+        try:
+            goal = (await self._body(request)).get("goal")
+            if not isinstance(goal, dict) or set(goal) != GOAL_KEYS:
+                raise BadRequest(f"'goal' must be an object with keys {sorted(GOAL_KEYS)}")
+        except BadRequest as e:
+            return _error(str(e))
+        sid = uuid.uuid4().hex
+        self.sessions[sid] = Session(Goal(**goal))
+        while len(self.sessions) > self.max_sessions:
+            self.sessions.popitem(last=False)
+        return _json({"session": sid})
+
+    def _session(self, body: dict[str, Any]) -> Session | None:
+        sid = body.get("session")
+        if not isinstance(sid, str):
+            raise BadRequest("'session' must be a string")
+        s = self.sessions.get(sid)
+        if s is not None:
+            self.sessions.move_to_end(sid)
+        return s
+
+    async def step(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._body(request)
+            s = self._session(body)
+            if not isinstance(body.get("action"), str):
+                raise BadRequest("'action' must be a string")
+        except BadRequest as e:
+            return _error(str(e))
+        if s is None:
+            return _error(f"no session {body['session']!r} (closed, expired, or the server restarted)", 404)
+        ok, why = self.shop.step(s, body["action"])
+        return _json({"valid": ok, "message": why, "snapshot": dataclasses.asdict(snapshot(self.shop, s))})
+
+    async def close(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._body(request)
+            self._session(body)
+        except BadRequest as e:
+            return _error(str(e))
+        self.sessions.pop(body["session"], None)
+        return _json({"closed": True})
+
+
+def serve(host: str = "127.0.0.1", port: int = 0, ready_file: str | Path | None = None,
+          api_key: str | None = None, stop_when: Any = None, data: str | None = None, seed: int = 0,
+          human: bool = False, **_: Any) -> int:  # fmt: skip
+    """Serve until SIGTERM / Ctrl-C / ``stop_when()``; ``ready_file`` gets ``{"url"}`` once serving.
+    ``data`` / ``seed`` / ``human``: the catalogue (the recipe's options; others are ignored)."""
+    from recipes.webshop.env import shop_for
+
+    shop = shop_for(data, seed, human)
+
+    async def main() -> None:
+        server = WebShopServer(shop, api_key)
+        runner, bound = await start_site(server.app, host, port)
+        url = f"http://{host}:{bound}"
+        log.info("webshop environment (%d products) at %s", len(shop.products), url)
+        if ready_file:
+            p = Path(ready_file)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.with_suffix(".tmp").write_text(json.dumps({"url": url}))
+            p.with_suffix(".tmp").replace(p)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        while not stop.is_set():
+            if stop_when is not None and stop_when():
+                break
+            try:
+                await asyncio.wait_for(stop.wait(), 1.0)
+            except TimeoutError:
+                pass
+        await runner.cleanup()
+
+    asyncio.run(main())
+    return 0
