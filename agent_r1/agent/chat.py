@@ -185,6 +185,10 @@ class ChatCodec:
             return text[:cut]
         return text if final else _drop_partial(text, CALL_OPEN)
 
+    def answer_text(self, text: str) -> str:
+        """A reply without the format's own markup (Harmony: its final channel), tools aside."""
+        return text
+
     # ---- token ids -----------------------------------------------------------------------------
     def encode_message(self, role: str, content: str) -> list[int]:
         return self.encode(self.render_message(role, content))
@@ -499,6 +503,9 @@ class HarmonyCodec(ChatCodec):
         key = "<|channel|>final<|message|>"
         cut = text.rfind(key)
         return text[cut + len(key) :] if cut >= 0 else ""
+
+    def answer_text(self, text: str) -> str:
+        return self.content(text) if "<|channel|>" in text else text
 
     def encode_action(self, text: str) -> list[int]:
         content, calls = _hermes_calls(text)

@@ -19,7 +19,14 @@ from aiohttp import web
 
 from agent_r1.retrieval.index import Index
 from agent_r1.rollout.sampling import BadRequest
-from agent_r1.rollout.server import _error, _json, api_key_middleware, read_json_body, start_site
+from agent_r1.rollout.server import (
+    _error,
+    _json,
+    api_key_middleware,
+    read_json_body,
+    serve_until_stopped,
+    start_site,
+)
 
 log = logging.getLogger("agent_r1.retriever")
 
@@ -118,36 +125,15 @@ def serve_retriever(
     stop_when: Any = None,
 ) -> int:
     """Serve until SIGTERM / Ctrl-C / ``stop_when()``; ``ready_file`` gets ``{"url"}`` once serving."""
-    import signal
-
     index = Index(index_dir, mode)
 
-    async def main() -> None:
+    async def start() -> tuple[Any, str, dict[str, Any]]:
         server = RetrieverServer(index, host, port, api_key)
         runner = await server.start()
         log.info("retriever for %s (%d passages, %s) at %s", index_dir, len(index), mode, server.url)
-        if ready_file:
-            p = Path(ready_file)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            tmp = p.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"url": server.url, "index": str(index_dir)}))
-            tmp.replace(p)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        while not stop.is_set():
-            if stop_when is not None and stop_when():
-                log.info("shutdown requested: stopping")
-                break
-            try:
-                await asyncio.wait_for(stop.wait(), 1.0)
-            except TimeoutError:
-                pass
-        await runner.cleanup()
+        return runner, server.url, {"index": str(index_dir)}
 
-    asyncio.run(main())
-    return 0
+    return serve_until_stopped(start, ready_file, stop_when)
 
 
 def wait_for_retriever(ready_file: Path, timeout_s: float) -> str:

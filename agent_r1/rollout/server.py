@@ -15,6 +15,7 @@ import math
 import pickle
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -603,6 +604,37 @@ async def start_site(app: web.Application, host: str, port: int) -> tuple[web.Ap
     if port == 0:
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     return runner, port
+
+
+def serve_until_stopped(start: Any, ready_file: str | Path | None = None, stop_when: Any = None) -> int:
+    """A service's main loop (retriever, environment servers): ``await start()`` gives (runner,
+    url, extra); ``ready_file`` then gets ``{"url", **extra}`` (written atomically); serve until
+    SIGTERM / Ctrl-C / ``stop_when()``."""
+    import signal
+
+    async def main() -> None:
+        runner, url, extra = await start()
+        if ready_file:
+            p = Path(ready_file)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.with_suffix(".tmp").write_text(json.dumps({"url": url, **extra}))
+            p.with_suffix(".tmp").replace(p)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        while not stop.is_set():
+            if stop_when is not None and stop_when():
+                log.info("shutdown requested: stopping")
+                break
+            try:
+                await asyncio.wait_for(stop.wait(), 1.0)
+            except TimeoutError:
+                pass
+        await runner.cleanup()
+
+    asyncio.run(main())
+    return 0
 
 
 def serve(

@@ -337,7 +337,7 @@ class OpenAIRoutes:
         choices = []
         for i, r in enumerate(reqs):
             text = self._decode(r.out_ids, stops)
-            content, calls = _tool_calls(self.codec, text) if tools else (text, [])
+            content, calls = _tool_calls(self.codec, text) if tools else (self.codec.answer_text(text), [])
             msg: dict[str, Any] = {
                 "role": "assistant",
                 "content": None if calls and not content.strip() else content,
@@ -404,6 +404,8 @@ class OpenAIRoutes:
                 text, calls = _tool_calls(self.codec, text)
             elif tools:  # never send what may be the start of a tool call
                 text = self.codec.content(text, final=False)
+            else:
+                text = self.codec.answer_text(text)
             if not text.startswith(sent[i]) or (text.endswith("\ufffd") and not fin):
                 text = sent[i]  # half a UTF-8 character or a held-back tag: wait for the rest
             delta, sent[i] = text[len(sent[i]) :], text

@@ -9,11 +9,8 @@ an unknown session 404. The run's API key protects every route but ``/health``.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import json
 import logging
-import signal
 import uuid
 from collections import OrderedDict
 from pathlib import Path
@@ -22,7 +19,14 @@ from typing import Any
 from aiohttp import web
 
 from agent_r1.rollout.sampling import BadRequest
-from agent_r1.rollout.server import _error, _json, api_key_middleware, read_json_body, start_site
+from agent_r1.rollout.server import (
+    _error,
+    _json,
+    api_key_middleware,
+    read_json_body,
+    serve_until_stopped,
+    start_site,
+)
 from recipes.webshop.catalog import Goal
 from recipes.webshop.sessions import snapshot
 from recipes.webshop.shop import Session, Shop
@@ -104,28 +108,11 @@ def serve(host: str = "127.0.0.1", port: int = 0, ready_file: str | Path | None 
 
     shop = shop_for(data, seed, human)
 
-    async def main() -> None:
+    async def start() -> tuple[Any, str, dict[str, Any]]:
         server = WebShopServer(shop, api_key)
         runner, bound = await start_site(server.app, host, port)
         url = f"http://{host}:{bound}"
         log.info("webshop environment (%d products) at %s", len(shop.products), url)
-        if ready_file:
-            p = Path(ready_file)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.with_suffix(".tmp").write_text(json.dumps({"url": url}))
-            p.with_suffix(".tmp").replace(p)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        while not stop.is_set():
-            if stop_when is not None and stop_when():
-                break
-            try:
-                await asyncio.wait_for(stop.wait(), 1.0)
-            except TimeoutError:
-                pass
-        await runner.cleanup()
+        return runner, url, {}
 
-    asyncio.run(main())
-    return 0
+    return serve_until_stopped(start, ready_file, stop_when)

@@ -47,7 +47,7 @@ def first_snapshot(goal: Goal) -> Snapshot:
 
 class LocalSession:
     def __init__(self, shop: Shop, goal: Goal):
-        self.shop, self.session = shop, Session(goal)
+        self.shop, self.goal, self.session = shop, goal, Session(goal)
         self.snap = snapshot(shop, self.session)
 
     async def act(self, command: str) -> tuple[bool, str]:
