@@ -66,6 +66,18 @@ async def teacher_logprobs(client: Any, trajs: list[Any]) -> list[list[float]]:
     return list(await asyncio.gather(*(one(s) for t in trajs for s in t.steps)))
 
 
+def drop_env_errors(name: str, trajs: list[Any]) -> tuple[list[Any], list[Any]]:
+    """(the trajectories to keep, those whose environment died under them: counted, never
+    trained on)."""
+    errored = [t for t in trajs if t.metrics.get("env_error")]
+    if errored:
+        log.warning(
+            "%s: %d of %d episodes ended on an environment error and are dropped (first: %s)",
+            name, len(errored), len(trajs), errored[0].steps[-1].info["env_error"],
+        )  # fmt: skip
+    return [t for t in trajs if not t.metrics.get("env_error")], errored
+
+
 class Worker:
     MAX_ATTEMPTS = 5  # a share whose servers all died is run again (nothing of it was committed)
 
@@ -183,13 +195,7 @@ class Worker:
             finally:
                 await client.close()
         gen_s = time.time() - t0
-        errored = [t for t in trajs if t.metrics.get("env_error")]
-        if errored:  # the environment server died under them: counted, never trained on
-            log.warning(
-                "%s: %d of %d episodes ended on an environment error and are dropped (first: %s)",
-                task.name, len(errored), len(trajs), errored[0].steps[-1].info["env_error"],
-            )  # fmt: skip
-            trajs = [t for t in trajs if not t.metrics.get("env_error")]
+        trajs, errored = drop_env_errors(task.name, trajs)
         table = records_to_table([s for t in trajs for s in t.steps])
         if task.teacher:
             teachers = discover_servers(self.rd.root, self.rd.teachers.name)

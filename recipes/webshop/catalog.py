@@ -263,7 +263,7 @@ def generate_catalog(out: str | Path, seed: int = 0, products_per_kind: int = 8)
             mine = rng.sample(pool, 3)
             price = round(rng.uniform(8, 90), 2)
             pricing = f"${price}" if rng.random() < 0.7 else f"${price} - ${round(price * 1.3, 2)}"
-            name = f"{brand.title()} {mine[0].title()} {kind.title()}"
+            name = f"{brand.title()} {kind.title()}, {', '.join(a.title() for a in mine)}"
             items.append({
                 "asin": asin, "name": name, "full_description": f"A {mine[0]} {kind} by {brand}, {mine[1]} and {mine[2]}.",
                 "small_description": [f"{a.capitalize()}" for a in mine], "pricing": pricing,

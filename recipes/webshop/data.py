@@ -76,25 +76,34 @@ def build_rows(split: str = "train", num: int | None = None, seed: int = 0, data
     return [goal_to_row(g, split, data, seed, human) for g in chosen[:num]]
 
 
+def fits(p: Product, goal: Goal, price: float) -> bool:
+    """What a careful shopper can read off the results and the item page: the kind, every asked
+    attribute (in the title) and the price under the cap."""
+    return p.query == goal.query and set(goal.attributes) <= set(p.attributes) and price <= goal.price_upper
+
+
 def oracle(goal: Goal, shop: Any) -> list[str]:
-    """The actions that buy the goal's product with its options: search its kind and attributes,
-    page to it, open it, choose the options, buy."""
+    """The actions that buy a product fitting the goal with its options: search its kind and
+    attributes, page to the first result that fits (the goal's own product when none shows),
+    open it, choose the options, buy."""
     from recipes.webshop.shop import PER_PAGE
 
     keywords = " ".join([goal.query, *goal.attributes])
     results = shop.engine.search(keywords)
     asins = [p.asin for p in results]
-    if goal.asin not in asins:
+    fitting = [p.asin for p in results if fits(p, goal, shop.prices[p.asin])]
+    target = fitting[0] if fitting else goal.asin
+    if target not in asins:
         keywords = shop.products[goal.asin].title.lower()
         asins = [p.asin for p in shop.engine.search(keywords)]
-    if goal.asin not in asins:
+    if target not in asins:
         raise ValueError(f"the oracle cannot find {goal.asin} by its title")
-    page = asins.index(goal.asin) // PER_PAGE
+    page = asins.index(target) // PER_PAGE
     values = (
         list(goal.goal_options.values()) if isinstance(goal.goal_options, dict) else list(goal.goal_options)
     )
     return (
-        [f"search[{keywords}]"] + ["click[next >]"] * page + [f"click[{goal.asin.lower()}]"]
+        [f"search[{keywords}]"] + ["click[next >]"] * page + [f"click[{target.lower()}]"]
         + [f"click[{v}]" for v in values] + ["click[buy now]"]
     )  # fmt: skip
 

@@ -1,7 +1,7 @@
 """The WebShop environment server (``agent-r1 env serve webshop``): 64 shoppers at once on one
 server keep their sessions apart and end exactly where the in-process site ends; bad requests get
-400s naming the field; a server that dies under an episode ends it marked as an environment error
-(``metrics.env_error``: what the rollout worker drops and counts)."""
+400s naming the field; a server that dies under an episode ends it as an environment error, which
+the rollout worker drops and counts."""
 
 from __future__ import annotations
 
@@ -130,5 +130,10 @@ def test_a_dead_server_ends_the_episode_as_an_environment_error(codec, tmp_path)
     )
     assert len(t.steps) == 2 and t.steps[0].info.get("env_error") is None
     assert "unreachable" in t.steps[-1].info["env_error"] and t.metrics["env_error"] == 1.0
+    # the rollout worker drops it (and counts it): never trained on
+    from agent_r1.train.worker import drop_env_errors
+
+    kept, dropped = drop_env_errors("task", [t])
+    assert kept == [] and dropped == [t]
     with pytest.raises(EnvServerError, match="unreachable after 3 tries"):
         asyncio.run(RemoteSession(srv.url, Goal(**row.extra_info["goal"])).act("search[x]"))
