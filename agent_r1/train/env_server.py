@@ -29,6 +29,17 @@ def serve_env(cfg: Any, host: str, port: int, ready_file: Path, api_key: str | N
     )
 
 
+PENDING = "http://env-server.pending"  # an address for checks before the run starts its server
+
+
+def use_pending_env_server(cfg: Any) -> None:
+    """Preflight: environments are built against the server the run will start (nothing is asked
+    of it before an episode's first action)."""
+    if cfg.rollout.env_server:
+        recipe_server(cfg.recipe.name)  # a recipe without a service: the error names the key
+        importlib.import_module(f"recipes.{cfg.recipe.name}.env").use_env_server(PENDING, None)
+
+
 def use_run_env_server(cfg: Any, rd: Any) -> None:
     """This process's environments use the run's environment server (when ``rollout.env_server``)."""
     if not cfg.rollout.env_server:

@@ -117,6 +117,12 @@ def data_problems(cfg: TrainConfig, rd: Any = None) -> list[str]:
         from agent_r1.rollout.served import use_run_models
 
         use_run_models(cfg, rd)  # registers names only: nothing is asked before the run starts
+    from agent_r1.train.env_server import use_pending_env_server
+
+    try:
+        use_pending_env_server(cfg)
+    except ValueError as e:
+        return [str(e)]
     codec = ChatCodec.load(cfg.model.path)
     flow_cfg = FlowConfig(
         max_steps=cfg.rollout.max_steps,
