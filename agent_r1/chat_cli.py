@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -275,17 +276,22 @@ def run_chat(a: Any) -> int:
                 print(f"unknown command {msg.split()[0]}; {HELP}", flush=True)
             else:
                 task = loop.create_task(session.user(msg))
+                # Ctrl-C cancels the reply inside the loop (the request is dropped, the server aborts it)
+                loop.add_signal_handler(signal.SIGINT, task.cancel)
                 try:
                     loop.run_until_complete(task)
-                except KeyboardInterrupt:
-                    task.cancel()
-                    try:
-                        loop.run_until_complete(task)
-                    except (asyncio.CancelledError, KeyboardInterrupt):
-                        pass
+                except (asyncio.CancelledError, KeyboardInterrupt):
+                    if not task.done():
+                        task.cancel()
+                        try:
+                            loop.run_until_complete(task)
+                        except (asyncio.CancelledError, KeyboardInterrupt):
+                            pass
                     print("\n(stopped)", flush=True)
                 except Exception as e:  # noqa: BLE001 - a dead server, a bad reply: the session goes on
                     print(f"\n[error] {type(e).__name__}: {e}", flush=True)
+                finally:
+                    loop.remove_signal_handler(signal.SIGINT)  # at the prompt: the hint below
     finally:
         loop.run_until_complete(session.reset())
         loop.run_until_complete(gen.close())
