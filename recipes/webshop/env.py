@@ -22,7 +22,8 @@ from agent_r1.agent.env import ENVS
 from agent_r1.agent.flow import AGENTS, AgentEnvLoop, AgentSpec
 from agent_r1.agent.tool_env import ToolEnv
 from agent_r1.agent.types import Action, Observation, StepResult
-from agent_r1.tools import TOOLS, BaseTool, ToolError, ToolOutput
+from agent_r1.tools import TOOLS, ToolError, ToolOutput
+from agent_r1.tools.env_step import EnvStepTool
 from recipes.webshop.catalog import Goal
 from recipes.webshop.data import AGENT, SYSTEM, catalog
 from recipes.webshop.sessions import EnvServerError, LocalSession, RemoteSession
@@ -58,35 +59,9 @@ def server_url(server: str | None) -> str | None:
 
 
 @TOOLS.register("env_step")
-class EnvStep(BaseTool):
-    name = "env_step"
+class EnvStep(EnvStepTool):
     description = "Take one action on the shopping site: search[keywords] or click[target]."
-    parameters = {
-        "type": "object",
-        "properties": {
-            "command": {"type": "string", "description": "e.g. search[red mug] or click[buy now]"}
-        },
-        "required": ["command"],
-        "additionalProperties": False,
-    }
-
-    def __init__(self, **kwargs: Any):
-        super().__init__(**kwargs)
-        self.env: WebShopEnv | None = None  # bound by the environment that owns it
-
-    async def execute(self, args: dict[str, Any]) -> ToolOutput:
-        env = self.env
-        if env is None:
-            raise ToolError("env_step works only inside a WebShop environment")
-        try:
-            ok, why = await env.session.act(args["command"])
-        except EnvServerError as e:
-            env.env_error = str(e)
-            raise ToolError(f"the shopping site is unreachable: {e}") from None
-        env.actions.append(args["command"])
-        if not ok:
-            raise ToolError(f"invalid action: {why}")
-        return ToolOutput(f"ok: {args['command']}", None, {"page": env.session.snap.page})
+    example = "e.g. search[red mug] or click[buy now]"
 
 
 @ENVS.register("webshop")
@@ -142,6 +117,17 @@ class WebShopEnv(ToolEnv):
     def _render(self) -> None:
         text = self.render_text()
         self.history.turns = [Turn("user", self.codec.encode_message("user", text), text)]
+
+    async def env_step(self, command: str) -> ToolOutput:
+        try:
+            ok, why = await self.session.act(command)
+        except EnvServerError as e:
+            self.env_error = str(e)
+            raise ToolError(f"the shopping site is unreachable: {e}") from None
+        self.actions.append(command)
+        if not ok:
+            raise ToolError(f"invalid action: {why}")
+        return ToolOutput(f"ok: {command}", None, {"page": self.session.snap.page})
 
     async def step(self, action: Action) -> StepResult:
         anchor = self.session.snap.key

@@ -1,0 +1,148 @@
+"""alfworld: household tasks in ALFWorld's text engine (TextWorld + the ALFRED PDDL domain). One
+row per game; the environment (``env.py``) plays it on the real engine and scores 1.0 iff the game
+is won. Games: the official ALFWorld folders (``recipe.options.data=DIR`` or ``$ALFWORLD_DATA``,
+as ``alfworld-download`` fills it) or the seeded offline games (``games.py``) in the same layout.
+
+Splits: ``train``; the trainer's ``test`` is ``options.test_split`` (``valid_seen`` by default;
+``valid_unseen`` holds out floor plans and object classes); ``agent-r1 eval --split valid_unseen``
+picks either directly.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from agent_r1.agent.tool_calls import format_tool_call
+from agent_r1.data.rows import DataRow
+from recipes.alfworld.games import TASK_TYPES, collect_games, data_root, offline_root
+
+AGENT = "alfworld"
+TOOLS = ["alfworld_env_step"]
+SYSTEM = (
+    "You are an agent in a household. Each step, call env_step with exactly one of the admissible "
+    "commands to reach the task's goal: go to places, open them, take and move objects, and heat, "
+    "cool, clean or use things."
+)
+OFFLINE_COUNTS = {"train": 120, "valid_seen": 24, "valid_unseen": 24}
+
+
+@functools.lru_cache(maxsize=8)
+def games_root(data: str | None = None, seed: int = 0, games: tuple[int, int, int] | None = None,
+               max_receptacles: int = 6) -> Path:  # fmt: skip
+    """The folder with ``json_2.1.1/<split>/...``: the user's data, or the offline games."""
+    root = data_root(data)
+    if root is not None:
+        return root
+    counts = dict(zip(OFFLINE_COUNTS, games, strict=True)) if games else OFFLINE_COUNTS
+    return offline_root(seed, counts, max_receptacles)
+
+
+def _split(split: str, test_split: str) -> str:
+    return test_split if split == "test" else split
+
+
+def build_rows(split: str = "train", num: int | None = None, seed: int = 0, data: str | None = None,
+               test_split: str = "valid_seen", task_types: list[int] | None = None,
+               games: list[int] | None = None, max_receptacles: int = 6) -> list[DataRow]:  # fmt: skip
+    """One row per game of the split (upstream's selection), in a seeded order."""
+    where = {
+        "data": data,
+        "seed": seed,
+        "games": list(games) if games else None,
+        "max_receptacles": max_receptacles,
+    }
+    root = games_root(data, seed, tuple(games) if games else None, max_receptacles)
+    found = collect_games(root, _split(split, test_split), task_types)
+    random.Random(f"alfworld-{seed}-{split}").shuffle(found)
+    rows = []
+    for g in found[:num]:
+        rel = str(Path(g.gamefile).relative_to(root))
+        rows.append(
+            DataRow(
+                prompt=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": g.goal}],
+                agent_name=AGENT,
+                reward_model={"style": "env_scored", "ground_truth": g.task_type},
+                data_source="alfworld",
+                env_kwargs=where,
+                extra_info={
+                    "split": _split(split, test_split),
+                    "game": rel,
+                    "task_type": g.task_type,
+                    "task_id": g.task_id,
+                },  # fmt: skip
+            )
+        )
+    return rows
+
+
+def gamefile(row_env: dict[str, Any], extra: dict[str, Any]) -> str:
+    games = row_env.get("games")
+    root = games_root(row_env.get("data"), row_env.get("seed", 0), tuple(games) if games else None,
+                      row_env.get("max_receptacles", 6))  # fmt: skip
+    return str(root / extra["game"])
+
+
+@functools.lru_cache(maxsize=4096)
+def expert_plan(path: str) -> tuple[str, ...]:
+    """The game's walkthrough (written by the generator), else the planner expert's plan."""
+    from recipes.alfworld.games import plan_of
+
+    walk = json.loads(Path(path).read_text()).get("walkthrough")
+    plan = walk or plan_of(path)
+    if not plan:
+        raise ValueError(f"alfworld: the planner expert does not win {path}")
+    return tuple(plan)
+
+
+def demonstrations(rows: list[DataRow], seed: int = 0, detour_rate: float = 0.0) -> list[list[str]]:
+    """The planner expert's commands as env_step calls. With ``detour_rate`` a noisy demonstrator:
+    that often, before one expert step, it first goes somewhere the plan does not need (a
+    ``go to`` it would not take; the rest of the plan still wins from there)."""
+    rng = random.Random(seed)
+    out = []
+    for row in rows:
+        plan = list(expert_plan(gamefile(row.env_kwargs, row.extra_info)))
+        if rng.random() < detour_rate:
+            places = sorted({c.split(" ", 2)[-1] for c in plan if c.startswith("go to ")})
+            k = rng.randrange(len(plan))
+            if places and plan[k].startswith("go to "):
+                here = next((c[6:] for c in reversed(plan[:k]) if c.startswith("go to ")), None)
+                others = [p for p in places if p not in (plan[k][6:], here)]
+                if others:
+                    plan.insert(k, "go to " + rng.choice(others))
+        out.append([format_tool_call("env_step", {"command": c}) for c in plan])
+    return out
+
+
+def corpus(num: int = 0, seed: int = 0) -> list[str]:
+    """Tokenizer texts: every offline game's pages along its walkthrough, the admissible commands
+    and the demonstrations."""
+    from agent_r1.agent.chat import render_message, render_system
+    from agent_r1.tools import TOOLS as REGISTRY
+    from recipes.alfworld.env import render_page  # noqa: F401  (registers the tool)
+    from recipes.alfworld.world import World
+
+    root = games_root(None, seed)
+    texts: list[str] = []
+    for split in ("train", "valid_seen", "valid_unseen"):
+        for g in collect_games(root, split)[: num or None]:
+            world = World(g.gamefile)
+            state = world.reset()
+            actions: list[str] = []
+            texts.append(render_page(state, g.goal, actions))
+            for c in expert_plan(g.gamefile):
+                state = world.step(c)
+                actions.append(c)
+                texts.append(render_page(state, g.goal, actions))
+                texts.append(format_tool_call("env_step", {"command": c}))
+            world.close()
+    schemas = [REGISTRY.get(t)().schema for t in TOOLS]
+    texts += [render_message("system", render_system(SYSTEM, schemas))] * 20
+    return texts
+
+
+__all__ = ["TASK_TYPES", "build_rows", "demonstrations", "corpus"]

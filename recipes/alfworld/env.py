@@ -1,0 +1,138 @@
+"""alfworld: a ToolEnv over one ALFWorld game on the real engine (``world.py``), its observation
+rebuilt every step (the ``rewrite`` context mode): the task, the current observation, the numbered
+actions so far and the admissible commands. One ``env_step(command)`` call per step.
+
+A command that is not admissible leaves the game as it was and is answered with an error (the
+engine itself would say ``Nothing happens.``); ``error_penalty`` (default 0, as upstream) can make
+it cost. Reward 1.0 iff the game is won, at the terminal step; at most 20 steps (``max_steps``, up
+to 50 as ALFWorld allows). Each step records its state as ``info.anchor_obs`` (the observation and
+the admissible commands), so GiGPO groups the steps of a group's trajectories that stand in the
+same state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent_r1.agent.context import History, Turn
+from agent_r1.agent.env import ENVS
+from agent_r1.agent.flow import AGENTS, AgentEnvLoop, AgentSpec
+from agent_r1.agent.tool_env import ToolEnv
+from agent_r1.agent.types import Action, Observation, StepResult
+from agent_r1.tools import TOOLS, ToolError, ToolOutput
+from agent_r1.tools.env_step import EnvStepTool
+from recipes.alfworld.data import AGENT, SYSTEM, gamefile
+from recipes.alfworld.data import TOOLS as RECIPE_TOOLS
+from recipes.alfworld.world import POOL, State, World, split_intro
+
+MAX_STEPS_CAP = 50  # ALFWorld's own episode limit
+
+
+@TOOLS.register("alfworld_env_step")
+class AlfworldEnvStep(EnvStepTool):
+    description = "Do one thing in the household: one of the admissible commands, exactly as listed."
+    example = "e.g. go to fridge 1, take apple 1 from countertop 2, cool apple 1 with fridge 1"
+
+
+def render_page(state: State, task: str, actions: list[str], error: str | None = None,
+                observation: str | None = None) -> str:  # fmt: skip
+    """The observation text: task, current observation, numbered actions, admissible commands."""
+    lines = ["### Task", task, "### Current observation", observation or state.feedback]
+    if actions:
+        lines += ["### Actions so far", *(f"[{i}] {a}" for i, a in enumerate(actions, 1))]
+    if error:
+        lines += ["### Error", error]
+    lines += ["### Admissible commands", *(f"- {c}" for c in state.admissible)]
+    return "\n".join(lines)
+
+
+@ENVS.register("alfworld")
+class AlfWorldEnv(ToolEnv):
+    CHAT_CONTINUES = False
+
+    def __init__(self, codec: Any, data: str | None = None, seed: int = 0, games: list[int] | None = None,
+                 max_receptacles: int = 6, **kwargs: Any):  # fmt: skip
+        kwargs.setdefault("tools", list(RECIPE_TOOLS))
+        kwargs.setdefault("max_steps", 20)
+        kwargs.setdefault("max_calls_per_step", 1)
+        kwargs.setdefault("system_prompt", SYSTEM)
+        if not 1 <= kwargs["max_steps"] <= MAX_STEPS_CAP:
+            raise ValueError(f"alfworld: max_steps must be in 1..{MAX_STEPS_CAP}, got {kwargs['max_steps']}")
+        super().__init__(codec, context="rewrite", **kwargs)
+        self.where = {"data": data, "seed": seed, "games": games, "max_receptacles": max_receptacles}
+        self.tools["env_step"].env = self
+        self.world: World | None = None
+        self.state: State | None = None
+        self.task, self.room = "", ""
+        self.actions: list[str] = []
+        self.error: str | None = None
+
+    def reset(self, prompt: list[dict[str, Any]] | None = None, **row: Any) -> Observation:
+        extra = row.get("extra_info") or {}
+        if "game" not in extra:
+            raise ValueError("alfworld: the row's extra_info names no game")
+        messages = list(prompt or [])
+        system = (
+            messages.pop(0)["content"] if messages and messages[0]["role"] == "system" else self.system_prompt
+        )
+        self.history = History(self.codec.encode_system(system, self.tool_schemas))
+        if self.world is not None:
+            POOL.give(self.world)
+        self.world = POOL.take(gamefile(self.where, extra))
+        self.state = self.world.reset()
+        self.room, self.task = split_intro(self.state.feedback)
+        self.actions, self.error, self.num_steps = [], None, 0
+        self._render()
+        return Observation(token_ids=self.context.view(self.history))
+
+    def render_text(self) -> str:
+        observation = self.room if not self.actions else None
+        return render_page(self.state, self.task, self.actions, self.error, observation)
+
+    def _render(self) -> None:
+        text = self.render_text()
+        self.history.turns = [Turn("user", self.codec.encode_message("user", text), text)]
+
+    def anchor(self) -> str:
+        return "\n".join([self.room if not self.actions else self.state.feedback, *self.state.admissible])
+
+    async def env_step(self, command: str) -> ToolOutput:
+        command = " ".join(command.strip().split())
+        if command not in self.state.admissible:
+            raise ToolError(f"'{command}' is not an admissible command now; nothing happens")
+        self.state = self.world.step(command)
+        self.actions.append(command)
+        return ToolOutput(self.state.feedback, None, {"won": self.state.won})
+
+    async def step(self, action: Action) -> StepResult:
+        anchor = self.anchor()
+        res = await super().step(action)
+        res.info["anchor_obs"] = anchor
+        if self.state.won:
+            res.observation, res.done, res.reward = None, True, 1.0
+            res.info["reward"] = {"correct": True, "metrics": {"steps_to_win": len(self.actions)}}
+        elif res.done:  # out of steps
+            res.reward = 0.0
+            res.info["reward"] = {"correct": False}
+        return res
+
+    async def observe(self, outputs: list[ToolOutput], feedback: str) -> None:
+        errors = [o.result for o in outputs if o.info.get("error")]
+        self.error = errors[-1] if errors else None
+        self._render()
+
+    async def close(self) -> None:
+        if self.world is not None:
+            POOL.give(self.world)
+            self.world = None
+        await super().close()
+
+    def answer_allowed(self) -> bool:
+        return False  # the episode ends when the game is won (or at max_steps)
+
+    def missing_call_message(self) -> str:
+        return "call env_step with one of the admissible commands"
+
+
+if AGENT not in AGENTS:
+    AGENTS.register(AGENT)(AgentSpec(AgentEnvLoop, {"env": "alfworld"}))
