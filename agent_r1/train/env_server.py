@@ -6,6 +6,7 @@ one ``env_server`` role (restarted when it dies, on a rollout node under Slurm) 
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -47,5 +48,17 @@ def use_run_env_server(cfg: Any, rd: Any) -> None:
     from agent_r1.retrieval.server import wait_for_retriever as wait_for_file
 
     url = wait_for_file(rd.env_server_file, cfg.rollout.ready_timeout_s)
-    importlib.import_module(f"recipes.{cfg.recipe.name}.env").use_env_server(url, rd.api_key())
+    last = {"url": url}
+
+    def current() -> str:
+        """The address the server published last: a restarted server (the launcher restarts a
+        dead one) may listen elsewhere; while it restarts, the old address (sessions then fail
+        over to env_error after their retries)."""
+        try:
+            last["url"] = json.loads(rd.env_server_file.read_text())["url"]
+        except (OSError, ValueError, KeyError):
+            pass
+        return last["url"]
+
+    importlib.import_module(f"recipes.{cfg.recipe.name}.env").use_env_server(current, rd.api_key())
     log.info("environments use the run's %s server at %s", cfg.recipe.name, url)

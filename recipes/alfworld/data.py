@@ -87,10 +87,20 @@ def gamefile(row_env: dict[str, Any], extra: dict[str, Any]) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def expert_plan(path: str) -> tuple[str, ...]:
-    """The game's walkthrough (written by the generator), else the planner expert's plan."""
+def expert_plan(path: str, expert: str = "planner") -> tuple[str, ...]:
+    """A winning command list for a game. ``planner``: the game's walkthrough (the generator
+    writes the planner's plan there), else the planner expert's plan; it knows where everything
+    is. ``handcoded``: upstream's hand-coded expert (its default), which knows only what it has
+    seen and searches receptacles one by one; seeded by the game's path, and the planner's plan
+    where it does not win (it can lose two-object tasks)."""
     from recipes.alfworld.games import plan_of
 
+    if expert == "handcoded":
+        plan = _handcoded_plan(path)
+        if plan:
+            return plan
+    elif expert != "planner":
+        raise ValueError(f"alfworld: unknown expert {expert!r} (planner | handcoded)")
     walk = json.loads(Path(path).read_text()).get("walkthrough")
     plan = walk or plan_of(path)
     if not plan:
@@ -98,22 +108,40 @@ def expert_plan(path: str) -> tuple[str, ...]:
     return tuple(plan)
 
 
-def demonstrations(rows: list[DataRow], seed: int = 0, detour_rate: float = 0.0) -> list[list[str]]:
-    """The planner expert's commands as env_step calls. With ``detour_rate`` a noisy demonstrator:
-    that often, before one expert step, it first goes somewhere the plan does not need (a
-    ``go to`` it would not take; the rest of the plan still wins from there)."""
+def _handcoded_plan(path: str, max_steps: int = 30) -> tuple[str, ...] | None:
+    from recipes.alfworld.world import World
+
+    saved = random.getstate()
+    random.seed(path)  # the hand-coded expert draws from the global generator
+    try:
+        world = World(path, expert="handcoded")
+        state, plan = world.reset(), []
+        while not state.won and state.expert_plan and len(plan) < max_steps:
+            plan.append(state.expert_plan[0])
+            state = world.step(plan[-1])
+        world.close()
+    finally:
+        random.setstate(saved)
+    return tuple(plan) if state.won else None
+
+
+def demonstrations(rows: list[DataRow], seed: int = 0, detour_rate: float = 0.0,
+                   expert: str = "planner") -> list[list[str]]:  # fmt: skip
+    """The expert's commands (``planner`` or ``handcoded``, see ``expert_plan``) as env_step calls.
+    With ``detour_rate`` a noisy demonstrator: that often, before one of its ``go to`` steps, it
+    first goes somewhere else the plan visits (the rest of the plan still wins from there)."""
     rng = random.Random(seed)
     out = []
     for row in rows:
-        plan = list(expert_plan(gamefile(row.env_kwargs, row.extra_info)))
-        if rng.random() < detour_rate:
-            places = sorted({c.split(" ", 2)[-1] for c in plan if c.startswith("go to ")})
-            k = rng.randrange(len(plan))
-            if places and plan[k].startswith("go to "):
-                here = next((c[6:] for c in reversed(plan[:k]) if c.startswith("go to ")), None)
-                others = [p for p in places if p not in (plan[k][6:], here)]
-                if others:
-                    plan.insert(k, "go to " + rng.choice(others))
+        plan = list(expert_plan(gamefile(row.env_kwargs, row.extra_info), expert))
+        gotos = [i for i, c in enumerate(plan) if c.startswith("go to ")]
+        if gotos and rng.random() < detour_rate:
+            places = sorted({plan[i][6:] for i in gotos})
+            k = rng.choice(gotos)
+            here = next((c[6:] for c in reversed(plan[:k]) if c.startswith("go to ")), None)
+            others = [p for p in places if p not in (plan[k][6:], here)]
+            if others:
+                plan.insert(k, "go to " + rng.choice(others))
         out.append([format_tool_call("env_step", {"command": c}) for c in plan])
     return out
 

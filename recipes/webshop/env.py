@@ -15,6 +15,7 @@ launcher's ``env_webshop`` role; or a URL). A server that stays unreachable ends
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from agent_r1.agent.context import History, Turn
@@ -38,11 +39,12 @@ def shop_for(data: str | None, seed: int, human: bool) -> Shop:
     return Shop(products, prices)
 
 
-_ENV_SERVER: dict[str, Any] = {}  # the run's environment server: {"url": ..., "api_key": ...}
+_ENV_SERVER: dict[str, Any] = {}  # the run's environment server: {"url": str | () -> str, "api_key": ...}
 
 
-def use_env_server(url: str | None, api_key: str | None = None) -> None:
-    """Where ``server="run"`` points in this process (the worker sets it from the run directory)."""
+def use_env_server(url: str | Callable[[], str] | None, api_key: str | None = None) -> None:
+    """Where ``server="run"`` points in this process (the worker sets it from the run directory):
+    an address, or a function that reads the current one (a restarted server may move)."""
     _ENV_SERVER.clear()
     if url:
         _ENV_SERVER.update(url=url, api_key=api_key)
@@ -54,7 +56,8 @@ def server_url(server: str | None) -> str | None:
     if server == "run":
         if "url" not in _ENV_SERVER:
             raise ValueError("webshop: server=run, but this process knows no environment server of a run")
-        return _ENV_SERVER["url"]
+        url = _ENV_SERVER["url"]
+        return url() if callable(url) else url
     return server
 
 
@@ -77,7 +80,8 @@ class WebShopEnv(ToolEnv):
         kwargs.setdefault("system_prompt", SYSTEM)
         super().__init__(codec, context="rewrite", **kwargs)
         self.where = (data, seed, human)
-        self.server = server_url(server)
+        self.server = server_url(server)  # checked here; an episode asks again (the server may have moved)
+        self.server_option = server
         self.tools["env_step"].env = self
         self.keep_actions = keep_actions
         self.session: LocalSession | RemoteSession | None = None
@@ -95,6 +99,7 @@ class WebShopEnv(ToolEnv):
         )
         self.history = History(self.codec.encode_system(system, self.tool_schemas))
         if self.server is not None:
+            self.server = server_url(self.server_option)
             self.session = RemoteSession(self.server, Goal(**goal), _ENV_SERVER.get("api_key"))
         else:
             self.session = LocalSession(shop_for(*self.where), Goal(**goal))

@@ -1,13 +1,17 @@
 """One short webshop training run as a user starts it (the preset with a few overrides): the
 launcher builds the model and starts the site as the run's env_server role, the warm start replays
 the shoppers' demonstrations there, the agents shop through env_step, the purchase score and
-GiGPO's anchors are recorded."""
+GiGPO's anchors are recorded; the site is killed under the first rollout and the launcher restarts it
+while the run goes on (that environments then find it at its new address: tests/train/test_env_server.py)."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 
-from train_checks import check_finished, read_records, reduced, train
+from train_checks import check_finished, read_records, reduced, start_train, wait_for
 
 from agent_r1.train.plot import read_scalars
 
@@ -16,7 +20,18 @@ def test_webshop_short_run(tmp_path):
     run = tmp_path / "run"
     args = reduced(tmp_path / "model", run, "algorithm=gigpo", "algorithm.critic=false", "rollout.env_server=true",
                    preset="webshop_steppo", build=True, demos=64, action_tokens=None)  # fmt: skip
-    s = check_finished(train(args), run, 2)
+    p = start_train(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for((run / "control" / "tasks" / "train_000000.w0.progress").exists, 400, "the first rollout")
+        pid = json.loads((run / "control" / "roles" / "env_server_0.json").read_text())["pid"]
+        os.kill(pid, signal.SIGKILL)
+        out, _ = p.communicate(timeout=400)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    s = check_finished(subprocess.CompletedProcess(p.args, p.returncode, out, ""), run, 2)
+    assert "env_server_0 exited with -9; restarting it" in out
+    assert (run / "logs" / "env_server_0.log").read_text().count("webshop environment") == 2
     assert s["algorithm"] == "gigpo"
     # the site ran as the run's env_server role; the warm start and the workers shopped there
     assert "webshop environment" in (run / "logs" / "env_server_0.log").read_text()
