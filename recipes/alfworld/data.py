@@ -28,17 +28,18 @@ SYSTEM = (
     "cool, clean or use things."
 )
 OFFLINE_COUNTS = {"train": 120, "valid_seen": 24, "valid_unseen": 24}
+MAX_RECEPTACLES = 4  # offline rooms: ALFRED's floor plans cut to this many receptacles
 
 
 @functools.lru_cache(maxsize=8)
-def games_root(data: str | None = None, seed: int = 0, games: tuple[int, int, int] | None = None,
-               max_receptacles: int = 6) -> Path:  # fmt: skip
+def games_root(data: str | None = None, games_seed: int = 0, games: tuple[int, int, int] | None = None,
+               max_receptacles: int = MAX_RECEPTACLES) -> Path:  # fmt: skip
     """The folder with ``json_2.1.1/<split>/...``: the user's data, or the offline games."""
     root = data_root(data)
     if root is not None:
         return root
     counts = dict(zip(OFFLINE_COUNTS, games, strict=True)) if games else OFFLINE_COUNTS
-    return offline_root(seed, counts, max_receptacles)
+    return offline_root(games_seed, counts, max_receptacles)
 
 
 def _split(split: str, test_split: str) -> str:
@@ -47,15 +48,18 @@ def _split(split: str, test_split: str) -> str:
 
 def build_rows(split: str = "train", num: int | None = None, seed: int = 0, data: str | None = None,
                test_split: str = "valid_seen", task_types: list[int] | None = None,
-               games: list[int] | None = None, max_receptacles: int = 6) -> list[DataRow]:  # fmt: skip
-    """One row per game of the split (upstream's selection), in a seeded order."""
+               games: list[int] | None = None, games_seed: int = 0,
+               max_receptacles: int = MAX_RECEPTACLES) -> list[DataRow]:  # fmt: skip
+    """One row per game of the split (upstream's selection), shuffled with ``seed``. The offline
+    games are generated with ``games_seed`` (``games``: how many per split; ``max_receptacles``:
+    room size), so runs with other seeds play the same games."""
     where = {
         "data": data,
-        "seed": seed,
+        "games_seed": games_seed,
         "games": list(games) if games else None,
         "max_receptacles": max_receptacles,
     }
-    root = games_root(data, seed, tuple(games) if games else None, max_receptacles)
+    root = games_root(data, games_seed, tuple(games) if games else None, max_receptacles)
     found = collect_games(root, _split(split, test_split), task_types)
     random.Random(f"alfworld-{seed}-{split}").shuffle(found)
     rows = []
@@ -81,8 +85,8 @@ def build_rows(split: str = "train", num: int | None = None, seed: int = 0, data
 
 def gamefile(row_env: dict[str, Any], extra: dict[str, Any]) -> str:
     games = row_env.get("games")
-    root = games_root(row_env.get("data"), row_env.get("seed", 0), tuple(games) if games else None,
-                      row_env.get("max_receptacles", 6))  # fmt: skip
+    root = games_root(row_env.get("data"), row_env.get("games_seed", 0), tuple(games) if games else None,
+                      row_env.get("max_receptacles", MAX_RECEPTACLES))  # fmt: skip
     return str(root / extra["game"])
 
 
@@ -92,7 +96,7 @@ def expert_plan(path: str, expert: str = "planner") -> tuple[str, ...]:
     writes the planner's plan there), else the planner expert's plan; it knows where everything
     is. ``handcoded``: upstream's hand-coded expert (its default), which knows only what it has
     seen and searches receptacles one by one; seeded by the game's path, and the planner's plan
-    where it does not win (it can lose two-object tasks)."""
+    where it does not win within 15 steps (it can lose two-object tasks)."""
     from recipes.alfworld.games import plan_of
 
     if expert == "handcoded":
@@ -108,7 +112,7 @@ def expert_plan(path: str, expert: str = "planner") -> tuple[str, ...]:
     return tuple(plan)
 
 
-def _handcoded_plan(path: str, max_steps: int = 30) -> tuple[str, ...] | None:
+def _handcoded_plan(path: str, max_steps: int = 15) -> tuple[str, ...] | None:
     from recipes.alfworld.world import World
 
     saved = random.getstate()
@@ -117,6 +121,8 @@ def _handcoded_plan(path: str, max_steps: int = 30) -> tuple[str, ...] | None:
         world = World(path, expert="handcoded")
         state, plan = world.reset(), []
         while not state.won and state.expert_plan and len(plan) < max_steps:
+            if state.expert_plan[0] not in state.admissible:  # e.g. "help" when it is stuck
+                break
             plan.append(state.expert_plan[0])
             state = world.step(plan[-1])
         world.close()
@@ -129,26 +135,47 @@ def demonstrations(rows: list[DataRow], seed: int = 0, detour_rate: float = 0.0,
                    expert: str = "planner") -> list[list[str]]:  # fmt: skip
     """The expert's commands (``planner`` or ``handcoded``, see ``expert_plan``) as env_step calls.
     With ``detour_rate`` a noisy demonstrator: that often, before one of its ``go to`` steps, it
-    first goes somewhere else the plan visits (the rest of the plan still wins from there)."""
+    first goes somewhere else the room offers (checked on the engine: the rest of the plan still
+    wins from there)."""
     rng = random.Random(seed)
     out = []
     for row in rows:
-        plan = list(expert_plan(gamefile(row.env_kwargs, row.extra_info), expert))
+        path = gamefile(row.env_kwargs, row.extra_info)
+        plan = list(expert_plan(path, expert))
         gotos = [i for i, c in enumerate(plan) if c.startswith("go to ")]
         if gotos and rng.random() < detour_rate:
-            places = sorted({plan[i][6:] for i in gotos})
-            k = rng.choice(gotos)
-            here = next((c[6:] for c in reversed(plan[:k]) if c.startswith("go to ")), None)
-            others = [p for p in places if p not in (plan[k][6:], here)]
-            if others:
-                plan.insert(k, "go to " + rng.choice(others))
+            plan = _with_detour(path, plan, rng.choice(gotos), rng)
         out.append([format_tool_call("env_step", {"command": c}) for c in plan])
     return out
 
 
-def corpus(num: int = 0, seed: int = 0) -> list[str]:
-    """Tokenizer texts: every offline game's pages along its walkthrough, the admissible commands
-    and the demonstrations."""
+def _with_detour(path: str, plan: list[str], k: int, rng: random.Random) -> list[str]:
+    """``plan`` with a ``go to`` to another place inserted before step ``k``, when the engine
+    says the result still wins; else ``plan`` as it was."""
+    from recipes.alfworld.world import POOL
+
+    world = POOL.take(path)
+    try:
+        state = world.reset()
+        for c in plan[:k]:
+            state = world.step(c)
+        others = [c for c in state.admissible if c.startswith("go to ") and c != plan[k]]
+        if not others:
+            return plan
+        detour = rng.choice(others)
+        state = world.step(detour)
+        for c in plan[k:]:
+            if c not in state.admissible:
+                return plan
+            state = world.step(c)
+        return plan[:k] + [detour] + plan[k:] if state.won else plan
+    finally:
+        POOL.give(world)
+
+
+def corpus(num: int = 48, seed: int = 0) -> list[str]:
+    """Tokenizer texts: the pages of up to ``num`` offline games per split along their
+    walkthroughs, the commands and the demonstrations' calls."""
     from agent_r1.agent.chat import render_message, render_system
     from agent_r1.tools import TOOLS as REGISTRY
     from recipes.alfworld.env import render_page  # noqa: F401  (registers the tool)

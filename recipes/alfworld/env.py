@@ -21,7 +21,7 @@ from agent_r1.agent.tool_env import ToolEnv
 from agent_r1.agent.types import Action, Observation, StepResult
 from agent_r1.tools import TOOLS, ToolError, ToolOutput
 from agent_r1.tools.env_step import EnvStepTool
-from recipes.alfworld.data import AGENT, SYSTEM, gamefile
+from recipes.alfworld.data import AGENT, MAX_RECEPTACLES, SYSTEM, gamefile
 from recipes.alfworld.data import TOOLS as RECIPE_TOOLS
 from recipes.alfworld.world import POOL, State, World, split_intro
 
@@ -50,8 +50,8 @@ def render_page(state: State, task: str, actions: list[str], error: str | None =
 class AlfWorldEnv(ToolEnv):
     CHAT_CONTINUES = False
 
-    def __init__(self, codec: Any, data: str | None = None, seed: int = 0, games: list[int] | None = None,
-                 max_receptacles: int = 6, **kwargs: Any):  # fmt: skip
+    def __init__(self, codec: Any, data: str | None = None, games_seed: int = 0, games: list[int] | None = None,
+                 max_receptacles: int = MAX_RECEPTACLES, **kwargs: Any):  # fmt: skip
         kwargs.setdefault("tools", list(RECIPE_TOOLS))
         kwargs.setdefault("max_steps", 20)
         kwargs.setdefault("max_calls_per_step", 1)
@@ -59,7 +59,7 @@ class AlfWorldEnv(ToolEnv):
         if not 1 <= kwargs["max_steps"] <= MAX_STEPS_CAP:
             raise ValueError(f"alfworld: max_steps must be in 1..{MAX_STEPS_CAP}, got {kwargs['max_steps']}")
         super().__init__(codec, context="rewrite", **kwargs)
-        self.where = {"data": data, "seed": seed, "games": games, "max_receptacles": max_receptacles}
+        self.where = {"data": data, "games_seed": games_seed, "games": games, "max_receptacles": max_receptacles}
         self.tools["env_step"].env = self
         self.world: World | None = None
         self.state: State | None = None

@@ -309,7 +309,7 @@ def plan_of(gamefile: str, max_steps: int = 50) -> list[str] | None:
 
 
 def generate_games(root: Path, seed: int = 0, counts: dict[str, int] | None = None,
-                   max_receptacles: int = 6, task_types: list[int] | None = None) -> dict[str, int]:  # fmt: skip
+                   max_receptacles: int = 4, task_types: list[int] | None = None) -> dict[str, int]:  # fmt: skip
     """Write ``counts[split]`` solvable games per split under ``root/json_2.1.1`` (the task types
     in turn, seeded); returns how many were written."""
     facts = _Facts()
@@ -387,7 +387,7 @@ def generate_games(root: Path, seed: int = 0, counts: dict[str, int] | None = No
     return written
 
 
-def offline_root(seed: int = 0, counts: dict[str, int] | None = None, max_receptacles: int = 6) -> Path:
+def offline_root(seed: int = 0, counts: dict[str, int] | None = None, max_receptacles: int = 4) -> Path:
     """The offline games for ``seed`` (generated once into the temp dir, then reused)."""
     import hashlib
     import tempfile
