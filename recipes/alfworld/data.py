@@ -91,16 +91,16 @@ def gamefile(row_env: dict[str, Any], extra: dict[str, Any]) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def expert_plan(path: str, expert: str = "planner") -> tuple[str, ...]:
+def expert_plan(path: str, expert: str = "planner", max_steps: int = 20) -> tuple[str, ...]:
     """A winning command list for a game. ``planner``: the game's walkthrough (the generator
     writes the planner's plan there), else the planner expert's plan; it knows where everything
     is. ``handcoded``: upstream's hand-coded expert (its default), which knows only what it has
     seen and searches receptacles one by one; seeded by the game's path, and the planner's plan
-    where it does not win within 15 steps (it can lose two-object tasks)."""
+    where it does not win within ``max_steps`` (it can lose two-object tasks)."""
     from recipes.alfworld.games import plan_of
 
     if expert == "handcoded":
-        plan = _handcoded_plan(path)
+        plan = _handcoded_plan(path, max_steps)
         if plan:
             return plan
     elif expert != "planner":
@@ -112,7 +112,7 @@ def expert_plan(path: str, expert: str = "planner") -> tuple[str, ...]:
     return tuple(plan)
 
 
-def _handcoded_plan(path: str, max_steps: int = 15) -> tuple[str, ...] | None:
+def _handcoded_plan(path: str, max_steps: int = 20) -> tuple[str, ...] | None:
     from recipes.alfworld.world import World
 
     saved = random.getstate()
@@ -132,18 +132,19 @@ def _handcoded_plan(path: str, max_steps: int = 15) -> tuple[str, ...] | None:
 
 
 def demonstrations(rows: list[DataRow], seed: int = 0, detour_rate: float = 0.0,
-                   expert: str = "planner") -> list[list[str]]:  # fmt: skip
-    """The expert's commands (``planner`` or ``handcoded``, see ``expert_plan``) as env_step calls.
-    With ``detour_rate`` a noisy demonstrator: that often, before one of its ``go to`` steps, it
-    first goes somewhere else the room offers (checked on the engine: the rest of the plan still
-    wins from there)."""
+                   expert: str = "planner", max_steps: int = 20) -> list[list[str]]:  # fmt: skip
+    """The expert's commands (``planner`` or ``handcoded``, see ``expert_plan``) as env_step calls,
+    at most ``max_steps`` of them (set it to the run's ``rollout.max_steps``). With
+    ``detour_rate`` a noisy demonstrator: that often, before one of its ``go to`` steps, it first
+    goes somewhere else the room offers (checked on the engine: the rest of the plan still wins
+    from there; only where the plan has a step to spare)."""
     rng = random.Random(seed)
     out = []
     for row in rows:
         path = gamefile(row.env_kwargs, row.extra_info)
-        plan = list(expert_plan(path, expert))
+        plan = list(expert_plan(path, expert, max_steps))
         gotos = [i for i, c in enumerate(plan) if c.startswith("go to ")]
-        if gotos and rng.random() < detour_rate:
+        if gotos and rng.random() < detour_rate and len(plan) < max_steps:
             plan = _with_detour(path, plan, rng.choice(gotos), rng)
         out.append([format_tool_call("env_step", {"command": c}) for c in plan])
     return out
