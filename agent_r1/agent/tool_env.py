@@ -56,12 +56,18 @@ class ToolEnv(AgentEnv):
         return [t.schema for t in self.tools.values()]
 
     # ---- episode -------------------------------------------------------------------------------
-    def reset(self, prompt: list[dict[str, Any]] | None = None, **row: Any) -> Observation:
+    def start_history(self, prompt: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+        """A fresh history holding the system turn (the row's own system message, else
+        ``system_prompt``) with the tool schemas; returns the prompt's other messages."""
         messages = list(prompt or [])
         system = self.system_prompt
         if messages and messages[0]["role"] == "system":
             system = messages.pop(0)["content"]
         self.history = History(self.codec.encode_system(system, self.tool_schemas))
+        return messages
+
+    def reset(self, prompt: list[dict[str, Any]] | None = None, **row: Any) -> Observation:
+        messages = self.start_history(prompt)
         for m in messages:
             self.history.turns.append(
                 Turn(m["role"], self.codec.encode_message(m["role"], m["content"]), m["content"])

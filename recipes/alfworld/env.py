@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent_r1.agent.context import History, Turn
+from agent_r1.agent.context import Turn
 from agent_r1.agent.env import ENVS
 from agent_r1.agent.flow import AGENTS, AgentEnvLoop, AgentSpec
 from agent_r1.agent.tool_env import ToolEnv
@@ -71,11 +71,7 @@ class AlfWorldEnv(ToolEnv):
         extra = row.get("extra_info") or {}
         if "game" not in extra:
             raise ValueError("alfworld: the row's extra_info names no game")
-        messages = list(prompt or [])
-        system = (
-            messages.pop(0)["content"] if messages and messages[0]["role"] == "system" else self.system_prompt
-        )
-        self.history = History(self.codec.encode_system(system, self.tool_schemas))
+        self.start_history(prompt)
         if self.world is not None:
             POOL.give(self.world)
         self.world = POOL.take(gamefile(self.where, extra))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent_r1.agent.context import History, Turn
+from agent_r1.agent.context import Turn
 from agent_r1.agent.env import ENVS
 from agent_r1.agent.flow import AGENTS, AgentEnvLoop, AgentSpec
 from agent_r1.agent.tool_env import ToolEnv
@@ -53,14 +53,10 @@ class HotpotQAEnv(ToolEnv):
         self.errors: list[str] = []
 
     def reset(self, prompt: list[dict[str, Any]] | None = None, **row: Any) -> Observation:
-        messages = list(prompt or [])
-        system = self.system_prompt
-        if messages and messages[0]["role"] == "system":
-            system = messages.pop(0)["content"]
-        users = [m["content"] for m in messages if m["role"] == "user"]
+        users = [m["content"] for m in (prompt or []) if m["role"] == "user"]
         if not users:
             raise ValueError("hotpotqa: the row's prompt has no user message (the question)")
-        self.history = History(self.codec.encode_system(system, self.tool_schemas))
+        self.start_history(prompt)
         self.question, self.passages, self.searches, self.errors = users[-1], {}, [], []
         self.num_steps = 0
         self._render()

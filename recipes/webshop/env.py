@@ -18,7 +18,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from agent_r1.agent.context import History, Turn
+from agent_r1.agent.context import Turn
 from agent_r1.agent.env import ENVS
 from agent_r1.agent.flow import AGENTS, AgentEnvLoop, AgentSpec
 from agent_r1.agent.tool_env import ToolEnv
@@ -93,11 +93,7 @@ class WebShopEnv(ToolEnv):
         goal = (row.get("extra_info") or {}).get("goal")
         if not isinstance(goal, dict):
             raise ValueError("webshop: the row's extra_info has no goal")
-        messages = list(prompt or [])
-        system = (
-            messages.pop(0)["content"] if messages and messages[0]["role"] == "system" else self.system_prompt
-        )
-        self.history = History(self.codec.encode_system(system, self.tool_schemas))
+        self.start_history(prompt)
         if self.server is not None:
             self.server = server_url(self.server_option)
             self.session = RemoteSession(self.server, Goal(**goal), _ENV_SERVER.get("api_key"))
