@@ -118,7 +118,11 @@ def _data(a: argparse.Namespace) -> int:
     from recipes import load_recipe
 
     log = setup_logging("data")
-    rows = load_recipe(a.recipe).build_rows(split=a.split, num=a.num, seed=a.seed)
+    try:
+        rows = load_recipe(a.recipe).build_rows(split=a.split, num=a.num, seed=a.seed)
+    except (KeyError, ValueError, FileNotFoundError) as e:  # an unknown recipe or split, missing files
+        print(f"agent-r1 data: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 2
     log.info("wrote %d rows to %s", len(rows), write_rows(rows, a.out))
     return 0
 

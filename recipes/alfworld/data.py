@@ -18,7 +18,7 @@ from typing import Any
 
 from agent_r1.agent.tool_calls import format_tool_call
 from agent_r1.data.rows import DataRow
-from recipes.alfworld.games import TASK_TYPES, collect_games, data_root, offline_root
+from recipes.alfworld.games import SPLITS, TASK_TYPES, collect_games, data_root, offline_root
 
 AGENT = "alfworld"
 TOOLS = ["alfworld_env_step"]
@@ -53,6 +53,8 @@ def build_rows(split: str = "train", num: int | None = None, seed: int = 0, data
     """One row per game of the split (upstream's selection), shuffled with ``seed``. The offline
     games are generated with ``games_seed`` (``games``: how many per split; ``max_receptacles``:
     room size), so runs with other seeds play the same games."""
+    if _split(split, test_split) not in SPLITS:  # before any game is generated
+        raise ValueError(f"alfworld: unknown split {_split(split, test_split)!r}; known: {list(SPLITS)}")
     where = {
         "data": data,
         "games_seed": games_seed,

@@ -59,7 +59,12 @@ class AlfWorldEnv(ToolEnv):
         if not 1 <= kwargs["max_steps"] <= MAX_STEPS_CAP:
             raise ValueError(f"alfworld: max_steps must be in 1..{MAX_STEPS_CAP}, got {kwargs['max_steps']}")
         super().__init__(codec, context="rewrite", **kwargs)
-        self.where = {"data": data, "games_seed": games_seed, "games": games, "max_receptacles": max_receptacles}
+        self.where = {
+            "data": data,
+            "games_seed": games_seed,
+            "games": games,
+            "max_receptacles": max_receptacles,
+        }
         self.tools["env_step"].env = self
         self.world: World | None = None
         self.state: State | None = None

@@ -72,3 +72,28 @@ def test_cli_rejects_unknown_recipe():
         text=True,
     )
     assert res.returncode == 2 and "invalid choice: 'nope'" in res.stderr
+
+
+def test_cli_data_names_an_unknown_split(tmp_path):
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent_r1.cli",
+            "data",
+            "--recipe",
+            "alfworld",
+            "--split",
+            "bogus",
+            "--out",
+            str(tmp_path / "x.parquet"),
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert (
+        "agent-r1 data: alfworld: unknown split 'bogus'; known: ['train', 'valid_seen', 'valid_unseen']"
+        in res.stderr
+    )
+    assert not (tmp_path / "x.parquet").exists()
