@@ -3,7 +3,8 @@
 available actions. One ``env_step(command)`` call per step with ``search[...]`` or ``click[...]``.
 
 Rewards per step: +10 when a purchase scores 1.0 (WebShop's success), -0.1 for an invalid action
-or a reply without one call, else 0; the purchase's score in [0, 1] is logged (``rollout/score``,
+or a reply without one call, else 0 (``score_reward`` adds that times the purchase's score: a
+shaped reward for small models; off by default); the purchase's score in [0, 1] is logged (``rollout/score``,
 ``eval/score``). At most 15 steps. Each step records its page (``info.anchor_obs``) so GiGPO groups
 the steps of a group's trajectories that stand on the same page.
 
@@ -72,7 +73,8 @@ class WebShopEnv(ToolEnv):
     CHAT_CONTINUES = False
 
     def __init__(self, codec: Any, data: str | None = None, seed: int = 0, human: bool = False,
-                 keep_actions: int = 3, server: str | None = None, **kwargs: Any):  # fmt: skip
+                 keep_actions: int = 3, server: str | None = None, score_reward: float = 0.0,
+                 **kwargs: Any):  # fmt: skip
         kwargs.setdefault("tools", ["env_step"])
         kwargs.setdefault("max_steps", 15)
         kwargs.setdefault("max_calls_per_step", 1)
@@ -84,6 +86,7 @@ class WebShopEnv(ToolEnv):
         self.server_option = server
         self.tools["env_step"].env = self
         self.keep_actions = keep_actions
+        self.score_reward = score_reward  # shaping: this times the purchase's score, on top of +10 for success
         self.session: LocalSession | RemoteSession | None = None
         self.actions: list[str] = []
         self.errors: list[str] = []
@@ -142,7 +145,7 @@ class WebShopEnv(ToolEnv):
         elif s.page == "done":  # bought: the episode ends with WebShop's score
             won = s.reward == 1.0
             res.observation, res.done = None, True
-            res.reward = SUCCESS_REWARD if won else 0.0
+            res.reward = (SUCCESS_REWARD if won else 0.0) + self.score_reward * s.reward
             res.info["reward"] = {"correct": won, "metrics": {"score": s.reward}, **s.reward_info}
         elif res.done:  # out of steps without a purchase
             res.reward = 0.0

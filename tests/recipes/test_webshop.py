@@ -286,3 +286,28 @@ def test_gigpo_step_groups_are_non_trivial_on_a_replayed_group(codec):
     keys = batch.inputs.anchor_key.tolist()
     sizes = [keys.count(k) for k in set(keys)]
     assert max(sizes) == 2 and sum(s for s in sizes if s >= 2) >= 4
+
+
+def test_score_reward_shapes_the_purchase(codec):
+    """``score_reward`` adds the purchase's score to the terminal reward (+10 stays the success
+    bonus); success is still a score of 1.0."""
+    import dataclasses
+
+    row = D.build_rows("test", 1, 0)[0]
+    shaped = dataclasses.replace(row, env_kwargs={**row.env_kwargs, "score_reward": 2.0})
+    flow = FlowConfig(
+        max_steps=15, max_action_tokens=400, max_obs_tokens=8192, sampling=SamplingParams(max_new_tokens=400)
+    )
+
+    def play(r, script):
+        return asyncio.run(
+            AGENTS.get(r.agent_name).build(ScriptedPolicy(codec, script), codec, flow).run(r, "t", "g")
+        )
+
+    good = play(shaped, D.demonstrations([row])[0])
+    assert good.steps[-1].reward == 10.0 + 2.0 and good.metrics["success"] == 1.0
+    noisy = D.demonstrations([row], wrong_rate=1.0)[0]
+    plain, bent = play(row, noisy), play(shaped, noisy)
+    score = bent.steps[-1].info["reward"]["metrics"]["score"]
+    assert score < 1.0 and plain.steps[-1].reward == 0.0 and bent.metrics["success"] == 0.0
+    assert bent.steps[-1].reward == pytest.approx(2.0 * score)
