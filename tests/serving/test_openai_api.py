@@ -65,7 +65,9 @@ def test_chat_tokens_equal_generate_with_the_same_seed(client, server, tool_mode
     g = generate(server.url, body)
     assert choice.message.content == codec.decode_action(g["output_ids"])
     lps = [x[0] for x in g["meta_info"]["output_token_logprobs"]]
-    assert [t.logprob for t in choice.logprobs.content] == pytest.approx(lps, abs=1e-6)
+    # the same tokens; float32 logprobs of two requests batched differently by the engine differ by
+    # a few ulps (seen: 1.2e-6 under load)
+    assert [t.logprob for t in choice.logprobs.content] == pytest.approx(lps, abs=1e-5)
     assert [t.token for t in choice.logprobs.content] == [codec.decode([t]) for t in g["output_ids"]]
     assert r.usage.prompt_tokens == len(body["input_ids"]) and r.usage.completion_tokens == len(lps)
     assert choice.finish_reason == ("stop" if g["output_ids"][-1] in codec.stop_token_ids else "length")
