@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 
-from train_checks import check_finished, read_records, reduced, start_train, wait_for
+from train_checks import check_finished, env_step_demonstrations, reduced, start_train, wait_for
 
 from agent_r1.train.plot import read_scalars
 
@@ -40,11 +40,7 @@ def test_webshop_short_run(tmp_path):
             "environments use the run's webshop server at http://"
             in (run / "logs" / f"{name}.log").read_text()
         )
-    sft = read_records(run, 0, "sft_records")
-    infos = [json.loads(x) for x in sft.column("info").to_pylist()]
-    assert all("anchor_obs" in i for i in infos)
-    calls = [c for i in infos for c in i.get("tool_calls", [])]
-    assert calls and all(c["name"] == "env_step" and not c.get("error") for c in calls)
+    infos = env_step_demonstrations(run)
     bought = [i["reward"] for i in infos if isinstance(i.get("reward"), dict)]
     assert bought and all(0.0 <= r["metrics"]["score"] <= 1.0 for r in bought)
     scalars = read_scalars(run / "tensorboard")

@@ -137,3 +137,15 @@ def wait_for(cond, timeout: float, what: str) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def env_step_demonstrations(run_dir: Path) -> list[dict]:
+    """The ``info`` of every warm-start step of an ``env_step`` recipe, after checking that each
+    step recorded its state (``anchor_obs``) and every call was an error-free ``env_step``."""
+    import json
+
+    infos = [json.loads(x) for x in read_records(run_dir, 0, "sft_records").column("info").to_pylist()]
+    assert all("anchor_obs" in i for i in infos)
+    calls = [c for i in infos for c in i.get("tool_calls", [])]
+    assert calls and all(c["name"] == "env_step" and not c.get("error") for c in calls)
+    return infos
