@@ -180,7 +180,8 @@ def test_generator_covers_task_types_and_holds_out_scenes_and_objects(tmp_path):
     seen_scenes, seen_objs = scenes_and_targets("train")
     s2, o2 = scenes_and_targets("valid_seen")
     unseen_scenes, _ = scenes_and_targets("valid_unseen")
-    assert s2 <= seen_scenes | {p for ps in G.ROOMS.values() for p in ps[:-1]}
+    seen_plans = {p for ps in G.ROOMS.values() for p in ps[:-1]}
+    assert seen_scenes | s2 <= seen_plans and unseen_scenes <= {ps[-1] for ps in G.ROOMS.values()}
     assert not (seen_scenes | s2) & unseen_scenes
     assert not (seen_objs | o2) & G.UNSEEN_OBJECTS
     # seeded: the same games again, byte for byte
