@@ -82,8 +82,8 @@ class WebShopEnv(ToolEnv):
         kwargs.setdefault("system_prompt", SYSTEM)
         super().__init__(codec, context="rewrite", **kwargs)
         self.where = (data, seed, human)
-        self.server = server_url(server)  # checked here; an episode asks again (the server may have moved)
-        self.server_option = server
+        server_url(server)  # a bad option fails here; each episode asks for the address (it may move)
+        self.server = server
         self.tools["env_step"].env = self
         self.keep_actions = keep_actions
         self.score_reward = score_reward  # shaping: this times the purchase's score, on top of +10 for success
@@ -97,9 +97,9 @@ class WebShopEnv(ToolEnv):
         if not isinstance(goal, dict):
             raise ValueError("webshop: the row's extra_info has no goal")
         self.start_history(prompt)
-        if self.server is not None:
-            self.server = server_url(self.server_option)
-            self.session = RemoteSession(self.server, Goal(**goal), _ENV_SERVER.get("api_key"))
+        url = server_url(self.server)
+        if url is not None:
+            self.session = RemoteSession(url, Goal(**goal), _ENV_SERVER.get("api_key"))
         else:
             self.session = LocalSession(shop_for(*self.where), Goal(**goal))
         self.actions, self.errors, self.env_error = [], [], None
