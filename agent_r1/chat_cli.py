@@ -58,7 +58,7 @@ class StreamingGenerate:
         ids = chunk.get("output_ids")
         return self.codec.decode_action(ids) if ids is not None else chunk.get("text", "")
 
-    async def __call__(self, token_ids: list[int], sampling: Any) -> Any:
+    async def __call__(self, token_ids: list[int], sampling: Any, images: list[Any] | None = None) -> Any:
         from agent_r1.rollout.client import RolloutError, to_completion
 
         body = {
@@ -67,6 +67,8 @@ class StreamingGenerate:
             "return_logprob": True,
             "stream": True,
         }
+        if images:
+            body["image_data"] = [im.base64() for im in images]
         http = await self.session()
         shown, last = 0, None
         async with http.post(f"{self.url}/generate", json=body) as r:
@@ -102,6 +104,7 @@ class ChatSession:
         self.env_kwargs = {**{k: v for k, v in spec.options.items() if k != "env"}, **template.env_kwargs}
         self.env: Any = None
         self.steps: list[Any] = []
+        self.seen_images: dict[str, set[str]] = {}  # per trajectory: images stored with a step
         self.conversations = 0
 
     def say(self, text: str, color: str = "") -> None:
@@ -116,7 +119,7 @@ class ChatSession:
     async def reset(self) -> None:
         if self.env is not None:
             await self.env.close()
-        self.env, self.steps = None, []
+        self.env, self.steps, self.seen_images = None, [], {}
         self.conversations += 1
 
     def tool_names(self) -> list[str]:
@@ -125,7 +128,7 @@ class ChatSession:
 
     async def user(self, text: str) -> None:
         """One user message: the agent acts (tool calls and results shown) until it answers."""
-        from agent_r1.agent.flow import common_prefix_len
+        from agent_r1.agent.flow import common_prefix_len, step_images
         from agent_r1.records.schema import StepRecord
 
         if self.env is None or not getattr(self.env, "CHAT_CONTINUES", False):
@@ -138,7 +141,7 @@ class ChatSession:
         tid = f"chat{self.conversations}"
         prev: list[int] = []
         for _ in range(self.flow.config.max_steps):
-            ids = self.flow.obs_ids(obs, self.env.tool_schemas)
+            ids, images = self.flow.obs_prompt(obs, self.env.tool_schemas)
             if len(ids) > self.flow.config.max_obs_tokens:
                 self.say(
                     f"[the conversation is longer than {self.flow.config.max_obs_tokens} tokens: /reset]\n",
@@ -146,7 +149,7 @@ class ChatSession:
                 )
                 return
             self.say("agent> ", self.style.dim)
-            action = await self.flow.act(ids, tid, len(self.steps))
+            action = await self.flow.act(ids, tid, len(self.steps), images)
             self.say("\n")
             res = await self.env.step(action)
             self.steps.append(
@@ -158,6 +161,7 @@ class ChatSession:
                     reward=res.reward if res.reward is not None else 0.0, process_reward=res.process_reward,
                     done=res.done, truncated=bool(res.info.get("truncated")),
                     finish_reason=action.finish_reason.value, info=res.info,
+                    **step_images(images, self.seen_images.setdefault(tid, set())),
                 )
             )  # fmt: skip
             for call, line in zip(res.info.get("tool_calls", []), self._calls(action.text), strict=False):

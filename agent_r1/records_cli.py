@@ -97,7 +97,7 @@ def cmd_stats(a: argparse.Namespace) -> int:
 
 def cmd_show(a: argparse.Namespace) -> int:
     from agent_r1.records.reader import RecordStore
-    from agent_r1.records.schema import records_from_table
+    from agent_r1.records.schema import records_from_table, table_images
 
     store = RecordStore(a.dir)
     its = store.iterations()
@@ -115,6 +115,10 @@ def cmd_show(a: argparse.Namespace) -> int:
 
         tok = AutoTokenizer.from_pretrained(a.tokenizer)
     recs = sorted(records_from_table(t), key=lambda r: r.step_index)
+    try:
+        stored = {h: buf.size for (_, h), buf in table_images(t).items()}
+    except ValueError as e:
+        raise SystemExit(f"iteration {it}: {e}") from None
     extra = {n: t.column(n).to_pylist() for n in ("advantage", "return", "value") if n in t.column_names}
     print(f"trajectory {tid}  group {recs[0].group_id}  iteration {it}  steps {len(recs)}")
     for i, r in enumerate(recs):
@@ -127,11 +131,20 @@ def cmd_show(a: argparse.Namespace) -> int:
         if tok is not None:
             print("[new observation]\n" + tok.decode(r.obs_token_ids[r.prefix_len :]))
             print("[action]\n" + tok.decode(r.action_token_ids))
+        if r.images:
+            print(
+                f"[images] {len(r.images)}: "
+                + ", ".join(_image_line(h, stored[h], h in r.image_data) for h in r.images)
+            )
         if r.feedback:
             print("[feedback]\n" + r.feedback)
         if r.info:
             print("[info] " + json.dumps(r.info, ensure_ascii=False))
     return 0
+
+
+def _image_line(h: str, size: int, new: bool) -> str:
+    return f"{h[:12]} ({size / 1024:.1f} KiB{', stored here' if new else ''})"
 
 
 def cmd_advantages(a: argparse.Namespace) -> int:
@@ -166,7 +179,11 @@ def cmd_advantages(a: argparse.Namespace) -> int:
             if tables
             else np.zeros(0, int)
         )
-        table = pa.concat_tables(tables) if tables else store.read_shard(it, shards[0]).slice(0, 0)
+        table = (
+            pa.concat_tables(tables, promote_options="default")
+            if tables
+            else store.read_shard(it, shards[0]).slice(0, 0)
+        )
         batch = to_step_inputs(
             table, a.process_coef, tokens=est.level == "token", anchors="anchor" in est.needs
         )

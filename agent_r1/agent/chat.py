@@ -20,6 +20,7 @@ import json
 import re
 from typing import Any
 
+from agent_r1.agent.images import Image, ImageError, VisionSpec, load_image, part_image
 from agent_r1.agent.tool_calls import OPEN as CALL_OPEN
 from agent_r1.agent.tool_calls import (
     MalformedCall,
@@ -30,6 +31,8 @@ from agent_r1.agent.tool_calls import (
 )
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
+VISION_TOKENS = (VISION_START, VISION_END, IMAGE_PAD, "<|video_pad|>")  # the Qwen2-VL family's
 
 TOOLS_PREAMBLE = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -58,8 +61,16 @@ def render_message(role: str, content: str) -> str:
 
 # The same template as Jinja, saved into tokenizer_config.json of the models we build so that
 # ``tokenizer.apply_chat_template`` (HF, SGLang) renders exactly what ChatCodec encodes.
-CHATML_JINJA = (
-    "{%- set sys = (messages[0].content if messages and messages[0].role == 'system' else 'You are a helpful assistant.') -%}"
+# A message's content is a string or a list of parts (text / image); an image renders as the
+# Qwen2-VL markup with one pad, which the HF processor expands to the image's token count.
+CONTENT_JINJA = (
+    "{%- macro content(c) -%}{%- if c is string -%}{{- c -}}{%- else -%}{%- for p in c -%}"
+    "{%- if p.type == 'image' or p.type == 'image_url' or 'image' in p or 'image_url' in p -%}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif 'text' in p -%}{{- p.text -}}{%- endif -%}{%- endfor -%}{%- endif -%}{%- endmacro -%}"
+)
+CHATML_JINJA = CONTENT_JINJA + (
+    "{%- set sys = (content(messages[0].content) if messages and messages[0].role == 'system' else 'You are a helpful assistant.') -%}"
     "{{- '<|im_start|>system\\n' + sys -}}"
     "{%- if tools -%}"
     "{{- '\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
@@ -74,17 +85,17 @@ CHATML_JINJA = (
     "{%- if m.role == 'tool' -%}"
     "{%- if loop.previtem is not defined or loop.previtem.role != 'tool' -%}{{- '<|im_start|>user\\n' -}}"
     "{%- else -%}{{- '\\n' -}}{%- endif -%}"
-    "{{- '<tool_response>\\n' + m.content + '\\n</tool_response>' -}}"
+    "{{- '<tool_response>\\n' + content(m.content) + '\\n</tool_response>' -}}"
     "{%- if loop.nextitem is not defined or loop.nextitem.role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
     "{%- elif m.role == 'assistant' and m.tool_calls -%}"
     "{{- '<|im_start|>assistant\\n' -}}"
-    "{%- if m.content -%}{{- m.content + '\\n' -}}{%- endif -%}"
+    "{%- if m.content -%}{{- content(m.content) + '\\n' -}}{%- endif -%}"
     "{%- for c in m.tool_calls -%}{%- if not loop.first -%}{{- '\\n' -}}{%- endif -%}"
     "{{- '<tool_call>\\n{\"name\": \"' + c.name + '\", \"arguments\": ' + (c.arguments | tojson) + '}\\n</tool_call>' -}}"
     "{%- endfor -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- elif not (loop.first and m.role == 'system') -%}"
-    "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}"
+    "{{- '<|im_start|>' + m.role + '\\n' + content(m.content) + '<|im_end|>\\n' -}}"
     "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
@@ -103,6 +114,7 @@ class ChatCodec:
     JINJA = CHATML_JINJA
     END = IM_END  # the token that ends a reply the model samples
     EXTRA_STOPS: tuple[str, ...] = ()
+    vision: VisionSpec | None = None  # a vision model's image geometry (``load`` reads it)
 
     @staticmethod
     @functools.lru_cache(maxsize=8)
@@ -111,7 +123,10 @@ class ChatCodec:
         per episode share it)."""
         from transformers import AutoTokenizer
 
-        return codec_for(AutoTokenizer.from_pretrained(path))
+        codec = codec_for(AutoTokenizer.from_pretrained(path))
+        if VISION_START in codec.tokenizer.get_vocab():  # a vision model's folder: its image geometry
+            codec.vision = VisionSpec.from_folder(path)
+        return codec
 
     @classmethod
     def detect(cls, vocab: dict[str, int]) -> bool:
@@ -212,27 +227,122 @@ class ChatCodec:
     ) -> list[int]:
         """``messages``: system / user / assistant (``content``, optional ``tool_calls`` as
         ``[{"name", "arguments"}]``) / tool (``name``, ``content``; consecutive ones are one step's
-        results)."""
+        results). Text only: messages with images go through ``encode_chat_images``."""
+        ids, images = self.encode_chat_images(messages, tools, add_generation_prompt)
+        if images:
+            raise ImageError(
+                f"the messages carry {len(images)} image(s): encode them with encode_chat_images, "
+                "which returns the images with the ids"
+            )
+        return ids
+
+    def encode_chat_images(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> tuple[list[int], list[Image]]:
+        """``encode_chat`` where a content may be a list of text and image parts: the ids (each
+        image as its vision markup, pads expanded) and the images in the order they appear."""
+        images: list[Image] = []
+
+        def text_of(m: dict[str, Any], i: int) -> str:
+            return self.render_content(m.get("content") or "", images, f"message {i}")
+
         system = None
         if messages and messages[0]["role"] == "system":
-            system, messages = messages[0]["content"], messages[1:]
+            system, messages = text_of(messages[0], 0), messages[1:]
+        off = 1 if system is not None else 0  # message numbers in errors count the system one
         text = self.render_prefix(system, tools)
         results: list[tuple[str | None, str]] = []
-        for m in messages:
+        for i, m in enumerate(messages, off):
             if m["role"] == "tool":
-                results.append((m.get("name"), m["content"]))
+                results.append((m.get("name"), text_of(m, i)))
                 continue
             if results:
                 text += self.render_tool_results(results)
                 results = []
             if m["role"] == "assistant" and m.get("tool_calls"):
                 calls = [(c["name"], c["arguments"]) for c in m["tool_calls"]]
-                text += self.render_assistant(m.get("content") or "", calls)
+                text += self.render_assistant(text_of(m, i), calls)
             else:
-                text += self.render_message(m["role"], m["content"])
+                text += self.render_message(m["role"], text_of(m, i))
         if results:
             text += self.render_tool_results(results)
-        return self.encode(text) + (self.generation_prompt_ids if add_generation_prompt else [])
+        ids = self.encode(text) + (self.generation_prompt_ids if add_generation_prompt else [])
+        return ids, images
+
+    # ---- images (Qwen2-VL family) ----------------------------------------------------------------
+    def render_content(self, content: str | list[dict[str, Any]], images: list[Image], where: str) -> str:
+        """A message's content as text: text parts as they are, each image part as its vision markup
+        (appended to ``images``)."""
+        if isinstance(content, str):
+            return content
+        if not isinstance(content, list):
+            raise ValueError(
+                f"{where}: content must be a string or a list of parts, got {type(content).__name__}"
+            )
+        out = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict):
+                raise ValueError(f"{where}, part {j}: expected an object, got {type(part).__name__}")
+            src = part_image(part)
+            if src is None:
+                if not isinstance(part.get("text"), str):
+                    raise ValueError(f"{where}, part {j}: neither a text nor an image part: {sorted(part)}")
+                out.append(part["text"])
+                continue
+            image = load_image(src, f"{where}, part {j}")
+            out.append(self.image_markup(image))
+            images.append(image)
+            if len(images) > self.vision_spec(where).max_images:
+                raise ImageError(
+                    f"{where}: more than {self.vision_spec(where).max_images} images in one prompt "
+                    "(the model's limit: preprocessor_config.json agent_r1_max_images)"
+                )
+        return "".join(out)
+
+    def vision_spec(self, where: str = "prompt") -> VisionSpec:
+        if self.vision is None:
+            raise ImageError(
+                f"{where}: an image was sent to a text-only model (its folder has no "
+                "preprocessor_config.json or its tokenizer no <|image_pad|> token)"
+            )
+        return self.vision
+
+    def image_markup(self, image: Image) -> str:
+        n = self.vision_spec().num_tokens(image)
+        return VISION_START + IMAGE_PAD * n + VISION_END
+
+    def image_token_id(self) -> int:
+        return self.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+
+    def image_pad_runs(self, ids: list[int]) -> list[int]:
+        """The lengths of the ``<|image_pad|>`` runs in ``ids``, in order (none for a text model)."""
+        pad = self.tokenizer.get_vocab().get(IMAGE_PAD)
+        if pad is None:
+            return []
+        runs, n = [], 0
+        for t in ids:
+            if t == pad:
+                n += 1
+            elif n:
+                runs.append(n)
+                n = 0
+        return runs + ([n] if n else [])
+
+    def check_image_pads(self, ids: list[int], images: list[Image], where: str = "observation") -> None:
+        """Raise ImageError unless ``ids`` hold one pad run per image, each of that image's size."""
+        runs = self.image_pad_runs(ids)
+        if not images and not runs:
+            return
+        spec = self.vision_spec(where)
+        want = [spec.num_tokens(im) for im in images]
+        if runs != want:
+            raise ImageError(
+                f"{where}: its <|image_pad|> runs {runs} do not match its {len(images)} image(s), "
+                f"which take {want} tokens"
+            )
 
     def close_action(self, action_ids: list[int]) -> list[int]:
         """Tokens that end an assistant turn after the sampled ids: the end token only when the

@@ -14,11 +14,21 @@ from typing import Any
 
 from agent_r1.agent.chat import ChatCodec
 from agent_r1.agent.env import make_env
+from agent_r1.agent.images import Image, load_image
 from agent_r1.agent.types import Action, GenerateFn, Observation, SamplingParams
 from agent_r1.data.rows import DataRow
 from agent_r1.records.schema import StepRecord, Trajectory
 from agent_r1.registry import Registry
 from agent_r1.rewards import compute_reward
+from agent_r1.rollout.protocol import image_kwargs
+
+
+def step_images(images: list[Image], seen: set[str]) -> dict[str, Any]:
+    """A step record's image fields: the observation's image hashes, and the bytes of those not
+    stored with an earlier step of the trajectory (``seen``, updated)."""
+    new = {im.hash: im.data for im in images if im.hash not in seen}
+    seen.update(new)
+    return {"images": [im.hash for im in images], "image_data": new}
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
@@ -55,14 +65,25 @@ class AgentFlow:
         raise NotImplementedError
 
     # ---- helpers shared by flows -----------------------------------------------------------------
-    def obs_ids(self, obs: Observation, tools: list[dict[str, Any]] | None = None) -> list[int]:
+    def obs_prompt(
+        self, obs: Observation, tools: list[dict[str, Any]] | None = None
+    ) -> tuple[list[int], list[Image]]:
+        """The observation's token ids and its images (one per ``<|image_pad|>`` run, in order)."""
         if obs.token_ids is not None:
-            return list(obs.token_ids)
+            images = [load_image(x, f"observation image {i}") for i, x in enumerate(obs.images or [])]
+            self.codec.check_image_pads(obs.token_ids, images)
+            return list(obs.token_ids), images
+        if obs.images:
+            raise ValueError(
+                "Observation.images goes with token_ids; chat messages carry images as content parts"
+            )
         if obs.messages is not None:
-            return self.codec.encode_chat(obs.messages, tools)
-        return self.codec.encode(obs.text or "")
+            return self.codec.encode_chat_images(obs.messages, tools)
+        return self.codec.encode(obs.text or ""), []
 
-    async def act(self, obs_ids: list[int], trajectory_id: str, step: int) -> Action:
+    async def act(
+        self, obs_ids: list[int], trajectory_id: str, step: int, images: list[Image] | None = None
+    ) -> Action:
         s = self.config.sampling
         seed = None
         if s.seed is not None:  # reproducible and different for every trajectory and step
@@ -78,7 +99,7 @@ class AgentFlow:
             stop_token_ids=sorted(set(s.stop_token_ids) | set(self.codec.stop_token_ids)),
             seed=seed,
         )
-        out = await self.generate(obs_ids, sampling)
+        out = await self.generate(obs_ids, sampling, **image_kwargs(images))
         return Action(
             text=self.codec.decode_action(out.token_ids),
             token_ids=list(out.token_ids),
@@ -138,7 +159,7 @@ class AgentEnvLoop(AgentFlow):
     async def first_observation(self, row: DataRow) -> list[int]:
         env, obs = await self._start(row)
         try:
-            return self.obs_ids(obs, env.tool_schemas)
+            return self.obs_prompt(obs, env.tool_schemas)[0]
         finally:
             await env.close()
 
@@ -147,15 +168,16 @@ class AgentEnvLoop(AgentFlow):
         traj = Trajectory(trajectory_id, group_id)
         try:
             prev: list[int] = []
+            seen: set[str] = set()  # images already stored with an earlier step
             action = None
             for t in range(self.config.max_steps):
-                ids = self.obs_ids(obs, env.tool_schemas)
+                ids, images = self.obs_prompt(obs, env.tool_schemas)
                 if len(ids) > self.config.max_obs_tokens:
                     traj.metrics["obs_over_budget"] = 1.0
                     if traj.steps:
                         traj.steps[-1].done = traj.steps[-1].truncated = True
                     break
-                action = await self.act(ids, trajectory_id, t)
+                action = await self.act(ids, trajectory_id, t, images)
                 res = await env.step(action)
                 last = res.done or t == self.config.max_steps - 1
                 traj.steps.append(
@@ -176,6 +198,7 @@ class AgentEnvLoop(AgentFlow):
                         truncated=bool(res.info.get("truncated")) or (last and not res.done),
                         finish_reason=action.finish_reason.value,
                         info=res.info,
+                        **step_images(images, seen),
                     )
                 )
                 if last:
@@ -195,15 +218,15 @@ class SingleStepFlow(AgentFlow):
     """One prompt, one response, scored by the row's reward model."""
 
     async def first_observation(self, row: DataRow) -> list[int]:
-        return self.codec.encode_chat(row.prompt)
+        return self.codec.encode_chat_images(row.prompt)[0]
 
     async def run(self, row: DataRow, trajectory_id: str, group_id: str) -> Trajectory:
-        ids = await self.first_observation(row)
+        ids, images = self.codec.encode_chat_images(row.prompt)
         traj = Trajectory(trajectory_id, group_id)
         if len(ids) > self.config.max_obs_tokens:
             traj.metrics["obs_over_budget"] = 1.0
             return traj
-        action = await self.act(ids, trajectory_id, 0)
+        action = await self.act(ids, trajectory_id, 0, images)
         traj.steps.append(
             StepRecord(
                 trajectory_id=trajectory_id,
@@ -217,6 +240,7 @@ class SingleStepFlow(AgentFlow):
                 done=True,
                 truncated=action.finish_reason.is_truncated(),
                 finish_reason=action.finish_reason.value,
+                **step_images(images, set()),
             )
         )
         self.score(traj, row, action.text)

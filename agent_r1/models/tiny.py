@@ -2,7 +2,9 @@
 trained on a recipe's text, and a chat template with tool markup — ChatML (default), Llama 3 or
 Harmony (``chat_format``), the Jinja template rendering exactly what that format's codec encodes.
 Saved as a normal HF folder (``config.json``, ``model.safetensors``, ``tokenizer.json``,
-``tokenizer_config.json``).
+``tokenizer_config.json``). ``arch="qwen2_vl"`` builds a vision-language model of the Qwen2-VL
+family (a small vision tower, multimodal rotary sections; ChatML with the vision tokens) and saves
+its image processor too (``preprocessor_config.json``: ``AutoProcessor`` loads the folder).
 """
 
 from __future__ import annotations
@@ -12,12 +14,17 @@ from typing import Any
 
 import torch
 
-from agent_r1.agent.chat import CHAT_FORMATS
+from agent_r1.agent.chat import CHAT_FORMATS, VISION_TOKENS
 
-ARCHS = ("qwen3", "qwen2", "llama")
+ARCHS = ("qwen3", "qwen2", "llama", "qwen2_vl")
+VISION_ARCHS = ("qwen2_vl",)
+# the tiny VLM's image sizes: 4 to 16 vision tokens per image (28x28 pixels each after merging)
+TINY_MIN_PIXELS, TINY_MAX_PIXELS = 56 * 56, 112 * 112
 
 
-def train_tokenizer(texts: list[str], vocab_size: int = 1024, chat_format: str = "chatml") -> Any:
+def train_tokenizer(
+    texts: list[str], vocab_size: int = 1024, chat_format: str = "chatml", vision: bool = False
+) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -25,9 +32,10 @@ def train_tokenizer(texts: list[str], vocab_size: int = 1024, chat_format: str =
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     fmt = CHAT_FORMATS[chat_format]
+    specials = list(fmt.SPECIAL_TOKENS) + (list(VISION_TOKENS) if vision else [])
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=list(fmt.SPECIAL_TOKENS),
+        special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -38,7 +46,7 @@ def train_tokenizer(texts: list[str], vocab_size: int = 1024, chat_format: str =
         eos_token=fmt.EOS,
         pad_token=fmt.PAD,
         bos_token=fmt.BOS,
-        additional_special_tokens=[t for t in fmt.SPECIAL_TOKENS if t not in named],
+        additional_special_tokens=[t for t in specials if t not in named],
         chat_template=fmt.JINJA,
         model_max_length=2048,
     )
@@ -75,6 +83,19 @@ def model_config(
         return tf.Qwen2Config(**common)
     if arch == "llama":
         return tf.LlamaConfig(head_dim=hidden // heads, **common)
+    if arch == "qwen2_vl":
+        half = hidden // heads // 2  # rotary pairs per head, split over (time, height, width)
+        text = {k: v for k, v in common.items() if k != "rope_theta"}
+        text["rope_parameters"] = {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [half - 2 * (half * 3 // 8), half * 3 // 8, half * 3 // 8],
+        }
+        vision = dict(
+            depth=2, embed_dim=32, hidden_size=hidden, num_heads=2, mlp_ratio=2, patch_size=14,
+            spatial_merge_size=2, temporal_patch_size=2, in_channels=3,
+        )  # fmt: skip
+        return tf.Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
     raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
 
 
@@ -97,20 +118,48 @@ def build_tiny_model(
 
     if chat_format not in CHAT_FORMATS:
         raise ValueError(f"chat_format must be one of {sorted(CHAT_FORMATS)}, got {chat_format!r}")
+    vision = arch in VISION_ARCHS
+    if vision and chat_format != "chatml":
+        raise ValueError(f"arch {arch!r} speaks ChatML with vision tokens, not {chat_format!r}")
     fmt = CHAT_FORMATS[chat_format]
     render = fmt.__new__(fmt)  # rendering needs no tokenizer
     chat = [render.render_prefix(None, tools), render.render_message("assistant", "ok")]
     out = Path(out)
-    tokenizer = train_tokenizer(list(texts) + chat * 10, vocab_size, chat_format)
+    tokenizer = train_tokenizer(list(texts) + chat * 10, vocab_size, chat_format, vision)
     ids = dict(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+    if vision:
+        vocab = tokenizer.get_vocab()
+        ids |= dict(
+            image_token_id=vocab["<|image_pad|>"],
+            video_token_id=vocab["<|video_pad|>"],
+            vision_start_token_id=vocab["<|vision_start|>"],
+            vision_end_token_id=vocab["<|vision_end|>"],
+        )
     cfg = model_config(arch, len(tokenizer), hidden, layers, heads, kv_heads, max_positions, **ids)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    if vision:
+        import transformers as tf
+
+        model = tf.Qwen2VLForConditionalGeneration._from_config(cfg, dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    if vision:
+        save_image_processor(out)
     return out
+
+
+def save_image_processor(
+    out: Path, min_pixels: int = TINY_MIN_PIXELS, max_pixels: int = TINY_MAX_PIXELS
+) -> None:
+    """The Qwen2-VL image processor's config (``preprocessor_config.json``) for the tiny VLM."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    proc = Qwen2VLImageProcessorPil(size={"shortest_edge": min_pixels, "longest_edge": max_pixels})
+    proc.save_pretrained(out)

@@ -117,4 +117,4 @@ class RecordStore:
             return (
                 self.read_shard(iteration, shards[0], verify, columns).slice(0, 0) if shards else pa.table({})
             )
-        return pa.concat_tables(tables)
+        return pa.concat_tables(tables, promote_options="default")  # shards with and without images

@@ -7,7 +7,7 @@ A step record is one MDP transition: the full observation as token ids, the acti
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
@@ -52,6 +52,20 @@ STEP_SCHEMA = pa.schema(
 )
 
 
+# Images: a step lists the images of its observation (SHA-256 of the encoded bytes, in the order
+# of their pad runs); the bytes are stored once per trajectory, at the step whose observation
+# shows the image first. Only tables with images carry these columns; the bytes stay zero-copy.
+IMAGE_FIELDS = {
+    f.name: f
+    for f in [
+        pa.field("images", pa.list_(pa.string())),
+        pa.field(
+            "image_data",
+            pa.list_(pa.struct([pa.field("hash", pa.string()), pa.field("data", pa.large_binary())])),
+        ),
+    ]
+}
+
 # Columns a table may carry besides STEP_SCHEMA: critic values (per step / per token), reference and
 # teacher logprobs, and what the advantage stage writes (per step or per token).
 EXTRA_FIELDS = {
@@ -65,6 +79,7 @@ EXTRA_FIELDS = {
         pa.field("return", pa.float64()),
         pa.field("token_advantages", pa.list_(pa.float32())),
         pa.field("token_returns", pa.list_(pa.float32())),
+        *IMAGE_FIELDS.values(),
     ]
 }
 
@@ -109,6 +124,8 @@ class StepRecord:
     truncated: bool = False
     finish_reason: str = FinishReason.STOP.value
     info: dict[str, Any] = field(default_factory=dict)
+    images: list[str] = field(default_factory=list)  # the observation's images (hashes, in order)
+    image_data: dict[str, bytes] = field(default_factory=dict, repr=False)  # those first seen here
 
     def __post_init__(self) -> None:
         n = len(self.action_token_ids)
@@ -123,6 +140,12 @@ class StepRecord:
                 f"[0, {len(self.obs_token_ids)}]"
             )
         FinishReason(self.finish_reason)  # raises on free text
+        stray = set(self.image_data) - set(self.images)
+        if stray:
+            raise ValueError(
+                f"step {self.trajectory_id}/{self.step_index}: image data for {sorted(stray)[0][:12]}, "
+                "which its observation does not show"
+            )
 
     @property
     def num_trainable_tokens(self) -> int:
@@ -148,21 +171,58 @@ class Trajectory:
 
 
 def records_to_table(records: list[StepRecord]) -> pa.Table:
-    cols: dict[str, list[Any]] = {f.name: [] for f in fields(StepRecord)}
-    for r in records:
-        for k, v in asdict(r).items():
-            cols[k].append(v)
+    """A table of the records; the image columns only when some step shows an image."""
+    cols: dict[str, list[Any]] = {f.name: [getattr(r, f.name) for r in records] for f in fields(StepRecord)}
     cols["info"] = [json.dumps(i, sort_keys=True, ensure_ascii=False) for i in cols["info"]]
     # a None item (a tool with no opinion) stays a null inside the list
     cols["process_reward"] = [[None if x is None else float(x) for x in pr] for pr in cols["process_reward"]]
-    return pa.Table.from_pydict({f.name: cols[f.name] for f in STEP_SCHEMA}, schema=STEP_SCHEMA)
+    table = pa.Table.from_pydict({f.name: cols[f.name] for f in STEP_SCHEMA}, schema=STEP_SCHEMA)
+    if any(r.images for r in records):
+        data = [[{"hash": h, "data": b} for h, b in r.image_data.items()] for r in records]
+        table = table.append_column(
+            IMAGE_FIELDS["images"], pa.array(cols["images"], IMAGE_FIELDS["images"].type)
+        )
+        table = table.append_column(
+            IMAGE_FIELDS["image_data"], pa.array(data, IMAGE_FIELDS["image_data"].type)
+        )
+    return table
 
 
 def records_from_table(table: pa.Table) -> list[StepRecord]:
-    """StepRecords of a table (extra columns such as ``advantage`` are left out)."""
+    """StepRecords of a table (extra columns such as ``advantage`` are left out; images kept)."""
     check_schema(table.schema)
+    names = STEP_SCHEMA.names + [n for n in IMAGE_FIELDS if n in table.column_names]
     out = []
-    for row in table.select(STEP_SCHEMA.names).to_pylist():
+    for row in table.select(names).to_pylist():
         row["info"] = json.loads(row["info"])
+        if "image_data" in row:
+            row["image_data"] = {d["hash"]: d["data"] for d in row["image_data"] or []}
+            row["images"] = row["images"] or []
         out.append(StepRecord(**row))
+    return out
+
+
+def table_images(table: pa.Table, verify: bool = True) -> dict[tuple[str, str], pa.Buffer]:
+    """The image bytes of a table by (trajectory id, hash), zero-copy views of its buffers; each
+    checked against its hash (``verify``) and every step's reference resolved, or ValueError."""
+    if "image_data" not in table.column_names:
+        return {}
+    import hashlib
+
+    out: dict[tuple[str, str], pa.Buffer] = {}
+    tids = table.column("trajectory_id").to_pylist()
+    for i, items in enumerate(table.column("image_data")):  # ListScalars: the buffers are not copied
+        for item in items.values if items.is_valid else []:
+            h, buf = item["hash"].as_py(), item["data"].as_buffer()
+            if verify and hashlib.sha256(memoryview(buf)).hexdigest() != h:
+                raise ValueError(
+                    f"row {i} (trajectory {tids[i]}): image {h[:12]}'s bytes do not match its hash"
+                )
+            out[(tids[i], h)] = buf
+    for i, refs in enumerate(table.column("images").to_pylist()):
+        for h in refs or []:
+            if (tids[i], h) not in out:
+                raise ValueError(
+                    f"row {i} (trajectory {tids[i]}): image {h[:12]} is not stored in the trajectory"
+                )
     return out

@@ -178,20 +178,28 @@ class RolloutClient:
         raise RolloutError("generate failed on every server tried: " + "; ".join(errors))
 
     async def __call__(
-        self, token_ids: list[int], sampling: SamplingParams, session: str | None = None
+        self,
+        token_ids: list[int],
+        sampling: SamplingParams,
+        session: str | None = None,
+        images: list[Any] | None = None,
     ) -> Completion:
         payload = {
             "input_ids": list(token_ids),
             "sampling_params": sampling.to_sglang(),
             "return_logprob": True,
         }
+        if images:  # SGLang's field: one base64 image per <|image_pad|> run, in order
+            payload["image_data"] = [im.base64() for im in images]
         return to_completion(await self.generate_raw(payload, session))
 
     def session(self, session_id: str):
         """A ``GenerateFn`` bound to one trajectory: its steps stick to one server."""
 
-        async def generate(token_ids: list[int], sampling: SamplingParams) -> Completion:
-            return await self(token_ids, sampling, session=session_id)
+        async def generate(
+            token_ids: list[int], sampling: SamplingParams, images: list[Any] | None = None
+        ) -> Completion:
+            return await self(token_ids, sampling, session=session_id, images=images)
 
         return generate
 

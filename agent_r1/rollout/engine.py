@@ -8,6 +8,11 @@ tokens (the other ``n`` samples of its group: a KV copy and the same next-token 
 prefills its prompt once) -> one decode token for every running request, attending over a group's
 shared prompt once for all its samples -> retire finished requests (their KV may stay in the
 prefix cache).
+
+Qwen2-VL-family models take images (SGLang's ``image_data``, one per ``<|image_pad|>`` run of
+``input_ids``): the vision tower runs once per image (cached by its hash), its output replaces the
+pads' embeddings in prefill, and rotary positions follow the model's multimodal layout. Prefix
+matching sees each pad as its image's hash, so two prompts share KV only where their images agree.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from agent_r1.agent.images import Image, ImageError, VisionSpec, load_image
+from agent_r1.models.vision import VisionTower, hf_module_name, is_vision_config, mrope_positions
 from agent_r1.rollout.sampling import BadRequest, Sampling, is_token_id, sample_batch
 from agent_r1.rollout.slot_model import SlotModel
 
@@ -61,13 +68,33 @@ class Request:
     # (key, P): KV positions 0..P-1 are the same as those of every running request with this key
     # (the samples of one group); decode attends over that shared prefix once per group
     shared: tuple[int, int] | None = None
+    images: list[Image] = field(default_factory=list)  # one per <|image_pad|> run, in order
+    image_pad: int = -1  # the model's <|image_pad|> id (image requests)
+    rope: torch.Tensor | None = None  # (3, len(prompt)) multimodal rotary positions
+    rope_delta: int = 0  # rotary position - cache position for tokens after the prompt
+    features: torch.Tensor | None = None  # (pads, hidden): the images' embeddings, pad by pad
     _prompt_arr: np.ndarray | None = None
 
     @property
     def prompt_arr(self) -> np.ndarray:
+        """The prompt as prefix matching sees it: an image pad is its image's key (negative)."""
         if self._prompt_arr is None:
-            self._prompt_arr = np.asarray(self.prompt, dtype=np.int64)
+            arr = np.asarray(self.prompt, dtype=np.int64)
+            if self.images:
+                arr = arr.copy()
+                for im, (a, b) in zip(self.images, self.pad_runs(), strict=True):
+                    arr[a:b] = -1 - int(im.hash[:15], 16)
+            self._prompt_arr = arr
         return self._prompt_arr
+
+    def pad_runs(self) -> list[tuple[int, int]]:
+        """(start, end) of each image's pad run in the prompt."""
+        return pad_runs(self.prompt, self.image_pad)
+
+    def key_tokens(self, n: int) -> list[int]:
+        """The first ``n`` tokens in the keyed form (for the prefix cache)."""
+        p = self.prompt_arr.tolist()
+        return (p + self.out_ids)[:n]
 
     def common_prefix(self, toks: np.ndarray, limit: int) -> int:
         """Length of the common prefix of this request's first ``limit`` tokens and ``toks``."""
@@ -84,6 +111,13 @@ class Request:
     @property
     def length(self) -> int:
         return len(self.prompt) + len(self.out_ids)
+
+
+def pad_runs(ids: list[int], pad: int) -> list[tuple[int, int]]:
+    """(start, end) of each run of ``pad`` in ``ids``."""
+    mask = (np.asarray(ids, dtype=np.int64) == pad).astype(np.int8)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask, [0]])))
+    return list(zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True))
 
 
 def _lcp(a: np.ndarray, b: np.ndarray) -> int:
@@ -140,7 +174,7 @@ class Engine:
         threads: int | None = None,
         device: str = "cpu",
     ):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be float32 or bfloat16, got {dtype!r}")
@@ -150,16 +184,20 @@ class Engine:
         self.model_dir = str(model_dir)
         self.dtype = dtype
         self.device = torch.device(device)  # the model and KV cache; sampling stays on the host
-        self.model = (
-            AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=getattr(torch, dtype))
-            .to(self.device)
-            .eval()
-        )
+        vision = is_vision_config(AutoConfig.from_pretrained(self.model_dir))
+        auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+        self.model = auto.from_pretrained(self.model_dir, dtype=getattr(torch, dtype)).to(self.device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         cfg = self.model.config
-        self.vocab_size = int(cfg.vocab_size)
+        text_cfg = cfg.text_config if vision else cfg
+        # a vision model: its tower (features cached by image hash) and image geometry
+        self.vision = VisionTower(self.model, self.model_dir) if vision else None
+        self.vision_spec = VisionSpec.from_folder(self.model_dir) if vision else None
+        if vision and self.vision_spec is None:
+            raise ValueError(f"{self.model_dir}: a vision model without preprocessor_config.json")
+        self.vocab_size = int(text_cfg.vocab_size)
         self.eos_ids = self._eos_ids(cfg)
-        self.context_len = int(getattr(cfg, "max_position_embeddings", 4096))
+        self.context_len = int(getattr(text_cfg, "max_position_embeddings", 4096))
         self.max_len = min(max_len or self.context_len, self.context_len)
         self.max_running = max_running
         self.prefill_chunk = prefill_chunk
@@ -240,6 +278,7 @@ class Engine:
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
         logprob_start_len: int = -1,
+        image_data: Any = None,
     ) -> list[Request]:
         """Validate one prompt and expand ``n``; raises BadRequest naming the field."""
         if not isinstance(input_ids, list) or not input_ids:
@@ -259,6 +298,7 @@ class Engine:
         if rid is not None and not isinstance(rid, str):
             raise BadRequest(f"rid: must be a string, got {type(rid).__name__}")
         rid = rid or uuid.uuid4().hex
+        images, rope, delta = self._images(input_ids, image_data)
         out = []
         for i in range(s.n):
             gen = torch.Generator().manual_seed(s.sampling_seed + i) if s.sampling_seed is not None else None
@@ -274,9 +314,47 @@ class Engine:
                     gen=gen,
                     stops=frozenset(s.stop_token_ids)
                     | (frozenset() if s.ignore_eos else frozenset(self.eos_ids)),
+                    images=images,
+                    image_pad=self.image_pad_id if images else -1,
+                    rope=rope,
+                    rope_delta=delta,
                 )
             )
         return out
+
+    @property
+    def image_pad_id(self) -> int:
+        return int(self.model.config.image_token_id)
+
+    def _images(self, input_ids: list[int], image_data: Any) -> tuple[list[Image], torch.Tensor | None, int]:
+        """The prompt's images (SGLang's ``image_data``: base64 strings or data URLs), checked
+        against its pad runs, and its multimodal rotary positions."""
+        if image_data is None or image_data == []:
+            if self.vision is not None and self.image_pad_id in input_ids:
+                raise BadRequest("image_data: input_ids hold <|image_pad|> tokens but no image was sent")
+            return [], None, 0
+        if self.vision is None:
+            raise BadRequest(f"image_data: {self.model_dir} is a text-only model; it takes no images")
+        items = image_data if isinstance(image_data, list) else [image_data]
+        spec = self.vision_spec
+        if len(items) > spec.max_images:
+            raise BadRequest(
+                f"image_data: {len(items)} images, more than the model's {spec.max_images} per prompt"
+            )
+        try:
+            images = [load_image(x, f"image_data[{i}]") for i, x in enumerate(items)]
+            grids = [spec.grid(im) for im in images]
+        except ImageError as e:
+            raise BadRequest(str(e)) from None
+        runs = [b - a for a, b in pad_runs(input_ids, self.image_pad_id)]
+        want = [t * h * w // spec.merge_size**2 for t, h, w in grids]
+        if runs != want:
+            raise BadRequest(
+                f"image_data: input_ids' <|image_pad|> runs {runs} do not match the {len(images)} "
+                f"image(s), which take {want} tokens"
+            )
+        pos, delta = mrope_positions(input_ids, self.image_pad_id, grids, spec.merge_size)
+        return images, torch.from_numpy(pos), delta
 
     def submit(self, reqs: list[Request]) -> None:
         with self._control():
@@ -346,6 +424,8 @@ class Engine:
             params.update(dict(self.model.named_buffers()))
             if "lm_head.weight" not in params and getattr(self.model.config, "tie_word_embeddings", False):
                 params["lm_head.weight"] = self.model.get_output_embeddings().weight
+            if self.vision is not None:  # checkpoint names (model.layers.*, visual.*) -> modules
+                tensors = {hf_module_name(n): t for n, t in tensors.items()}
             for name, t in tensors.items():
                 if name not in params:
                     raise BadRequest(f"names: unknown parameter {name!r}")
@@ -358,6 +438,8 @@ class Engine:
                     params[name].copy_(t.to(params[name].dtype))
             self.sm.refresh()  # fused weights
             self.cache.clear()  # cached KV came from the old weights
+            if self.vision is not None:
+                self.vision.clear()  # and the image features from the old tower
             if version is not None:
                 self.weight_version = str(version)
 
@@ -512,10 +594,17 @@ class Engine:
         self.waiting.extendleft(reversed(held))
 
     def _input_logprobs(self, r: Request) -> None:
-        with torch.inference_mode():
-            logits = (
-                self.model(input_ids=torch.tensor([r.prompt], device=self.device)).logits[0].float().cpu()
+        ids = torch.tensor([r.prompt], device=self.device)
+        kw: dict[str, Any] = {}
+        if r.images:  # the HF model's own multimodal forward
+            pv, grid = self.vision.pixels(r.images)
+            kw = dict(
+                pixel_values=pv.to(self.device),
+                image_grid_thw=grid.to(self.device),
+                mm_token_type_ids=(ids == r.image_pad).int(),
             )
+        with torch.inference_mode():
+            logits = self.model(input_ids=ids, **kw).logits[0].float().cpu()
         t = r.sampling.temperature or 1.0
         logp = torch.log_softmax(logits / t, -1)
         vals: list[float | None] = [None] + [float(logp[i - 1, r.prompt[i]]) for i in range(1, len(r.prompt))]
@@ -535,7 +624,17 @@ class Engine:
             budget -= n
         if not items:
             return
-        logits = self.sm.prefill_many(items)
+        if any(r.images for r in reqs):
+            rope, embeds = zip(
+                *(
+                    self._image_inputs(r, start, len(ids))
+                    for r, (_, ids, start) in zip(reqs, items, strict=True)
+                ),
+                strict=True,
+            )
+            logits = self.sm.prefill_many(items, list(rope), list(embeds))
+        else:
+            logits = self.sm.prefill_many(items)
         done, rows = [], []
         for i, (r, (_, ids, _)) in enumerate(zip(reqs, items, strict=True)):
             r.computed += len(ids)
@@ -548,6 +647,25 @@ class Engine:
         if done:
             self._emit(done, logits[rows])
 
+    def _image_inputs(self, r: Request, start: int, n: int) -> tuple[torch.Tensor | None, Any]:
+        """The rotary positions and image embeddings of tokens start..start+n of ``r``."""
+        if not r.images:
+            return None, None
+        end = start + n
+        plen = len(r.prompt)
+        rope = r.rope[:, start : min(end, plen)]
+        if end > plen:  # generated tokens (a retracted request's): text positions, shifted
+            tail = torch.arange(max(start, plen), end) + r.rope_delta
+            rope = torch.cat([rope, tail.expand(3, -1)], 1)
+        if r.features is None:
+            r.features = torch.cat(self.vision.embeddings(r.images))
+        pos = np.flatnonzero(np.asarray(r.prompt[start : min(end, plen)]) == r.image_pad)
+        if not len(pos):
+            return rope, None
+        before = int(np.count_nonzero(np.asarray(r.prompt[:start]) == r.image_pad))  # pads ahead
+        rows = r.features[before : before + len(pos)]
+        return rope, (torch.from_numpy(pos), rows)
+
     def _fork(self, r: Request) -> list[Request]:
         """Start the waiting requests whose tokens equal ``r``'s (just prefilled) from a copy of its
         KV; they sample from the same logits row. All of them then share ``r``'s KV prefix."""
@@ -559,6 +677,7 @@ class Engine:
                 and w.logprob_start_len < 0
                 and w.length == r.length
                 and w.tokens == r.tokens
+                and [im.hash for im in w.images] == [im.hash for im in r.images]
             ):
                 w.slot, w.state = len(self.running), "decode"
                 self.running.append(w)
@@ -587,9 +706,10 @@ class Engine:
                 ids[i] = r.out_ids[-1]
         shared = self._shared_prefixes()
         self.stats["shared_prefix_steps"] += shared is not None
-        logits = self.sm.decode(
-            torch.tensor(ids, device=self.device), torch.tensor(pos, device=self.device), shared
-        )
+        pos_t = torch.tensor(pos, device=self.device)
+        deltas = [r.rope_delta for r in self.running]
+        rope_pos = pos_t + torch.tensor(deltas, device=self.device) if any(deltas) else None
+        logits = self.sm.decode(torch.tensor(ids, device=self.device), pos_t, shared, rope_pos)
         reqs = [self.running[i] for i in rows]
         for r in reqs:
             r.computed += 1
@@ -660,7 +780,7 @@ class Engine:
         for r in self.running:
             if r.state == "done" and r.computed > 0 and r.finish and r.finish["type"] != "abort":
                 k, v = self.sm.save_slot(r.slot, r.computed)
-                self.cache.add(r.tokens[: r.computed], k, v)
+                self.cache.add(r.key_tokens(r.computed), k, v)
         running = self.running
         i = 0
         while i < len(running):

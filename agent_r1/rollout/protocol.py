@@ -1,7 +1,9 @@
 """The narrow protocol between the agent layer and the rollout layer.
 
 The agent layer only knows ``async generate(token_ids, sampling) -> Completion``; SGLang servers,
-the embedded engine and the transformers reference all sit behind it.
+the embedded engine and the transformers reference all sit behind it. A prompt with images passes
+them as ``images=[Image, ...]``, one per ``<|image_pad|>`` run of ``token_ids``, in order (SGLang's
+``image_data``); a text prompt passes none, so text-only generate functions need not know them.
 """
 
 from __future__ import annotations
@@ -52,3 +54,8 @@ class GenerateFn(Protocol):
     """The only thing the agent layer knows about the rollout layer."""
 
     async def __call__(self, token_ids: list[int], sampling: SamplingParams) -> Completion: ...
+
+
+def image_kwargs(images: list[Any] | None) -> dict[str, Any]:
+    """``generate``'s keyword arguments for a prompt's images: none for a text prompt."""
+    return {"images": list(images)} if images else {}

@@ -332,6 +332,7 @@ class Server:
                     return_logprob=bool(self._per(body, "return_logprob", i, batch, False)),
                     top_logprobs_num=self._per(body, "top_logprobs_num", i, batch, 0),
                     logprob_start_len=self._per(body, "logprob_start_len", i, batch, -1),
+                    image_data=self._per(body, "image_data", i, batch, None),
                 )
         except BadRequest as e:
             return _error(str(e))
@@ -438,6 +439,7 @@ class Server:
                 "model_type": cfg.model_type,
                 "architectures": getattr(cfg, "architectures", None),
                 "preferred_sampling_params": None,
+                "has_image_understanding": self.engine.vision is not None,
             }
         )
 

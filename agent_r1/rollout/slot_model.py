@@ -23,7 +23,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-SUPPORTED = ("llama", "qwen2", "qwen3")
+from agent_r1.models.vision import is_vision_config, mrope_sections
+
+SUPPORTED = ("llama", "qwen2", "qwen3", "qwen2_vl")  # qwen2_vl: its language model (mRoPE)
 
 
 @functools.cache
@@ -86,10 +88,12 @@ class SlotModel:
         cfg = model.config
         if cfg.model_type not in SUPPORTED:
             raise ValueError(f"model_type {cfg.model_type!r} not supported; supported: {SUPPORTED}")
+        self.model = model
+        self.vision = is_vision_config(cfg)
+        self.inner = model.model.language_model if self.vision else model.model
+        cfg = cfg.text_config if self.vision else cfg
         if getattr(cfg, "hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {cfg.hidden_act!r} not supported (silu only)")
-        self.model = model
-        self.inner = model.model
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
         attn = self.inner.layers[0].self_attn
@@ -107,6 +111,9 @@ class SlotModel:
         # (max_len, head_dim), same numerics as HF; rotate_half(x) * sin == roll(x) * signed_sin
         half = self.head_dim // 2
         self.cos, self.signed_sin = cos[0], torch.cat([-sin[0][:, :half], sin[0][:, half:]], -1)
+        # mRoPE: rotary dimension d turns with position row sections[d] (t, h, w); the tables above
+        # hold every dimension at every position, so a 3-row position gathers per dimension
+        self.sections = mrope_sections(model.config, self.head_dim).to(dev) if self.vision else None
         self.refresh()
 
     def refresh(self) -> None:
@@ -157,8 +164,12 @@ class SlotModel:
 
     # ---- shared pieces ---------------------------------------------------------------------------
     def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotary tables for positions ``pos`` (N,), gathered once per forward: (N, 1, D) each."""
-        return self.cos[pos].unsqueeze(1), self.signed_sin[pos].unsqueeze(1)
+        """Rotary tables for positions ``pos`` (N,) or multimodal positions (3, N), gathered once
+        per forward: (N, 1, D) each."""
+        if pos.dim() == 1:
+            return self.cos[pos].unsqueeze(1), self.signed_sin[pos].unsqueeze(1)
+        idx = pos[self.sections].T  # (N, D): the position row each dimension turns with
+        return self.cos.gather(0, idx).unsqueeze(1), self.signed_sin.gather(0, idx).unsqueeze(1)
 
     def _qkv(self, L: _Layer, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         """x (N, hidden) -> q (N, heads, D), k, v (N, kv, D); q and k rotated together."""
@@ -190,9 +201,18 @@ class SlotModel:
 
     # ---- prefill / decode ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill_many(self, items: list[tuple[int, list[int], int]]) -> torch.Tensor:
+    def prefill_many(
+        self,
+        items: list[tuple[int, list[int], int]],
+        rope: list[torch.Tensor | None] | None = None,
+        embeds: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
+    ) -> torch.Tensor:
         """items = (slot, token ids, start position): write their KV; logits (len(items), vocab) of
-        each item's last token. Projections and MLPs run once over all items' tokens."""
+        each item's last token. Projections and MLPs run once over all items' tokens.
+
+        Images (Qwen2-VL): ``rope[j]`` = item j's (3, n) rotary positions (None: start..start+n-1
+        on all rows); ``embeds[j]`` = (offsets in the item, rows) replacing those tokens'
+        embeddings (the vision tower's output for its image pads)."""
         for _slot, ids, start in items:
             if start + len(ids) > self.max_len:
                 raise ValueError(
@@ -203,9 +223,20 @@ class SlotModel:
         pos = torch.cat([torch.arange(start, start + len(ids), device=dev) for _, ids, start in items])
         bounds = np.cumsum([0] + [len(ids) for _, ids, _ in items]).tolist()
         x = F.embedding(torch.tensor(flat, device=dev), self.embed)
-        rope = self._rope(pos)
+        for j, e in enumerate(embeds or []):
+            if e is not None:
+                x[bounds[j] + e[0].to(dev)] = e[1].to(x.dtype)
+        if rope is not None and any(r is not None for r in rope):
+            pos = torch.cat(
+                [
+                    r.to(dev) if r is not None else torch.arange(s, s + len(ids), device=dev).expand(3, -1)
+                    for r, (_, ids, s) in zip(rope, items, strict=True)
+                ],
+                1,
+            )
+        rope_tabs = self._rope(pos)
         for li, L in enumerate(self.layers):
-            q, k, v = self._qkv(L, x, rope)
+            q, k, v = self._qkv(L, x, rope_tabs)
             outs = []
             for j, (slot, _ids, start) in enumerate(items):
                 a, b = bounds[j], bounds[j + 1]
@@ -232,9 +263,15 @@ class SlotModel:
 
     @torch.inference_mode()
     def decode(
-        self, ids: torch.Tensor, pos: torch.Tensor, shared: list[tuple[int, list[int]]] | None = None
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        shared: list[tuple[int, list[int]]] | None = None,
+        rope_pos: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One token for each of slots 0..B-1 at positions ``pos`` (B,); logits (B, vocab).
+        ``rope_pos`` (B,): the rotary positions when they differ from ``pos`` (after an image,
+        Qwen2-VL's text positions run ``delta`` apart from the cache positions).
 
         ``shared``: (P, slots) groups covering every slot, whose members hold the same KV in
         positions 0..P-1 (the samples of one prompt). Attention then reads that prefix once per
@@ -253,7 +290,7 @@ class SlotModel:
         masked = masked.view(B, 1, 1, -1)
         group = self.n_heads // self.n_kv
         rows = torch.arange(B, device=pos.device)
-        rope = self._rope(pos)
+        rope = self._rope(pos if rope_pos is None else rope_pos)
         for li, L in enumerate(self.layers):
             q, k, v = self._qkv(L, x, rope)
             self.k[li, rows, :, pos] = k

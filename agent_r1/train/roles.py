@@ -196,7 +196,9 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
     if role == "env_server":
         from agent_r1.train.env_server import serve_env
 
-        return serve_env(cfg, env.address, 0, rd.env_server_file, rd.api_key(), lambda: rd.shutdown_flag.exists())
+        return serve_env(
+            cfg, env.address, 0, rd.env_server_file, rd.api_key(), lambda: rd.shutdown_flag.exists()
+        )
     if role == "worker":
         import torch
 

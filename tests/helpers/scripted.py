@@ -14,9 +14,13 @@ class ScriptedPolicy:
     def __init__(self, codec: ChatCodec, responses: list[str], version: int = 3, close: bool = True):
         self.codec, self.responses, self.version, self.close = codec, list(responses), version, close
         self.calls: list[tuple[list[int], SamplingParams]] = []
+        self.images: list[list] = []  # the images each call was given (SGLang's image_data)
 
-    async def __call__(self, token_ids: list[int], sampling: SamplingParams) -> Completion:
+    async def __call__(
+        self, token_ids: list[int], sampling: SamplingParams, images: list | None = None
+    ) -> Completion:
         self.calls.append((list(token_ids), sampling))
+        self.images.append(list(images or []))
         text = self.responses.pop(0)
         ids = self.codec.encode_action(text)  # Hermes-form calls in the codec's format, + stop
         ids = ids if self.close else ids[:-1]

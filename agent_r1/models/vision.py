@@ -1,0 +1,126 @@
+"""The Qwen2-VL family's multimodal pieces shared by the rollout engine and the learner.
+
+- ``mrope_positions``: the three rotary position rows (time, height, width) of a prompt with
+  images, as transformers' ``Qwen2VLModel.get_rope_index`` lays them out: text tokens count up on
+  all three rows; an image's merged patches take (start, start + row, start + column); the text
+  after it resumes at start + max(rows, columns). Tokens after the prompt continue at
+  ``position + delta``, all three rows equal.
+- ``VisionTower``: image -> the embeddings that replace its ``<|image_pad|>`` tokens, through the
+  HF model's own vision tower and image processor, cached by the image's hash.
+- ``hf_module_name``: the checkpoint (HF hub) names of a Qwen2-VL model -> the names of its
+  modules in transformers >= 5 (``model.layers.*`` -> ``model.language_model.layers.*``,
+  ``visual.*`` -> ``model.visual.*``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import torch
+
+from agent_r1.agent.images import Image
+
+VISION_MODEL_TYPES = ("qwen2_vl",)
+
+
+def is_vision_config(cfg: Any) -> bool:
+    return getattr(cfg, "model_type", None) in VISION_MODEL_TYPES
+
+
+def mrope_positions(
+    ids: list[int] | np.ndarray, image_token_id: int, grids: list[tuple[int, int, int]], merge: int
+) -> tuple[np.ndarray, int]:
+    """(3, len(ids)) int64 rotary positions and the delta for the tokens after them."""
+    ids = np.asarray(ids)
+    n = len(ids)
+    out = np.empty((3, n), dtype=np.int64)
+    is_pad = ids == image_token_id
+    i, pos, g = 0, 0, 0
+    while i < n:
+        if not is_pad[i]:
+            j = i
+            while j < n and not is_pad[j]:
+                j += 1
+            out[:, i:j] = np.arange(pos, pos + j - i)
+            pos += j - i
+            i = j
+            continue
+        if g >= len(grids):
+            raise ValueError(f"more <|image_pad|> runs than the {len(grids)} image grid(s) given")
+        t, h, w = grids[g]
+        lh, lw = h // merge, w // merge
+        size = t * lh * lw
+        if not is_pad[i : i + size].all() or (i + size < n and is_pad[i + size]):
+            raise ValueError(f"image {g}: its pad run at {i} is not {size} tokens long")
+        tt, hh, ww = np.meshgrid(np.arange(t), np.arange(lh), np.arange(lw), indexing="ij")
+        out[0, i : i + size] = tt.reshape(-1) + pos
+        out[1, i : i + size] = hh.reshape(-1) + pos
+        out[2, i : i + size] = ww.reshape(-1) + pos
+        pos += max(h, w) // merge
+        i += size
+        g += 1
+    if g != len(grids):
+        raise ValueError(f"{len(grids)} image grid(s) but {g} <|image_pad|> run(s)")
+    return out, int(out.max() + 1 - n) if n else 0
+
+
+def mrope_sections(cfg: Any, head_dim: int) -> torch.Tensor:
+    """For each rotary dimension (head_dim), which position row (0 t, 1 h, 2 w) drives it."""
+    text = getattr(cfg, "text_config", cfg)
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    sec = rope.get("mrope_section")
+    if not sec or 2 * sum(sec) != head_dim:
+        raise ValueError(f"mrope_section {sec} does not cover head_dim {head_dim} (sum must be head_dim / 2)")
+    half = torch.cat([torch.full((s,), i % 3, dtype=torch.long) for i, s in enumerate(sec)])
+    return torch.cat([half, half])
+
+
+def hf_module_name(name: str) -> str:
+    """A Qwen2-VL checkpoint name as the transformers >= 5 module names it (others unchanged)."""
+    if name.startswith("visual."):
+        return "model." + name
+    if name.startswith("model.") and not name.startswith(("model.language_model.", "model.visual.")):
+        return "model.language_model." + name[len("model.") :]
+    return name
+
+
+class VisionTower:
+    """Image embeddings of an HF Qwen2-VL model (its ``model.visual``), cached by image hash."""
+
+    def __init__(self, model: Any, model_dir: str, max_images: int = 256):
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        self.model = model
+        self.processor = Qwen2VLImageProcessorPil.from_pretrained(model_dir)
+        self.merge = int(model.config.vision_config.spatial_merge_size)
+        self.cache: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self.max_images = max_images
+        self.computed = 0  # images run through the tower (cache misses)
+
+    def pixels(self, images: list[Image]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(pixel_values, image_grid_thw) as the HF processor makes them."""
+        out = self.processor(images=[im.to_pil() for im in images], return_tensors="pt")
+        return out["pixel_values"], out["image_grid_thw"]
+
+    @torch.inference_mode()
+    def embeddings(self, images: list[Image]) -> list[torch.Tensor]:
+        """One (tokens, hidden) tensor per image; the tower runs once over the images not cached."""
+        have = {im.hash: self.cache[im.hash] for im in images if im.hash in self.cache}
+        todo = list({im.hash: im for im in images if im.hash not in have}.values())
+        if todo:
+            pv, grid = self.pixels(todo)
+            dev = next(self.model.parameters()).device
+            feats = self.model.model.get_image_features(pv.to(dev), grid.to(dev)).pooler_output
+            have.update({im.hash: f for im, f in zip(todo, feats, strict=True)})
+            self.computed += len(todo)
+        for h, f in have.items():  # most recently used last
+            self.cache[h] = f
+            self.cache.move_to_end(h)
+        while len(self.cache) > self.max_images:
+            self.cache.popitem(last=False)
+        return [have[im.hash] for im in images]
+
+    def clear(self) -> None:
+        self.cache.clear()
