@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from megatron_bridge.archs import arch_for
+from megatron_bridge.archs import arch_for, language_config
 
 
 def te_available() -> bool:
@@ -49,7 +49,7 @@ def megatron_config(hf: Any, bc: BridgeConfig):
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
 
-    arch = arch_for(hf)
+    arch, hf = arch_for(hf), language_config(hf)
     if getattr(hf, "hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {hf.hidden_act!r} not supported (silu only)")
     if bc.precision == "fp8" and not te_available():

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from megatron_bridge.archs import arch_for
+from megatron_bridge.archs import arch_for, language_config
 
 
 class _Dims:
@@ -72,6 +72,7 @@ def megatron_state(
     padded_vocab: int,
 ) -> dict[str, torch.Tensor]:
     """The Megatron state dict of one (tp_rank, pp_rank) from full HF tensors."""
+    hf = language_config(hf)
     arch, d = arch_for(hf), _Dims(hf, tp)
     tied = bool(getattr(hf, "tie_word_embeddings", False))
     out: dict[str, torch.Tensor] = {}
@@ -200,6 +201,7 @@ def export_hf_weights(model: Any, hf: Any) -> Iterator[tuple[str, torch.Tensor]]
     Every TP rank must iterate (the gathers are collective)."""
     from megatron.core import parallel_state as ps
 
+    hf = language_config(hf)
     arch, d = arch_for(hf), _Dims(hf, ps.get_tensor_model_parallel_world_size())
     pp, pp_rank = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
     tied = bool(getattr(hf, "tie_word_embeddings", False))

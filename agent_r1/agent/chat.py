@@ -20,7 +20,6 @@ import json
 import re
 from typing import Any
 
-from agent_r1.agent.images import Image, ImageError, VisionSpec, load_image, part_image
 from agent_r1.agent.tool_calls import OPEN as CALL_OPEN
 from agent_r1.agent.tool_calls import (
     MalformedCall,
@@ -29,6 +28,7 @@ from agent_r1.agent.tool_calls import (
     format_tool_responses,
     parse_tool_calls,
 )
+from agent_r1.vision.images import Image, ImageError, VisionSpec, load_image, part_image
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"

@@ -14,13 +14,13 @@ from typing import Any
 
 from agent_r1.agent.chat import ChatCodec
 from agent_r1.agent.env import make_env
-from agent_r1.agent.images import Image, load_image
 from agent_r1.agent.types import Action, GenerateFn, Observation, SamplingParams
 from agent_r1.data.rows import DataRow
 from agent_r1.records.schema import StepRecord, Trajectory
 from agent_r1.registry import Registry
 from agent_r1.rewards import compute_reward
 from agent_r1.rollout.protocol import image_kwargs
+from agent_r1.vision.images import Image, load_image
 
 
 def step_images(images: list[Image], seen: set[str]) -> dict[str, Any]:

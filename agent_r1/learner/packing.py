@@ -19,7 +19,7 @@ import torch
 @dataclass
 class Packed:
     tokens: torch.Tensor  # (N,) int64
-    positions: torch.Tensor  # (N,) int64, restart at 0 per sequence
+    positions: torch.Tensor  # (N,) int64, restart at 0 per sequence; (3, N) multimodal (Qwen2-VL)
     seq_id: torch.Tensor  # (N,) int64 packed-sequence index
     cu_seqlens: torch.Tensor  # (num_seqs + 1,) int64
     label_pos: torch.Tensor  # (A,) stream position of every action token
@@ -32,6 +32,8 @@ class Packed:
     bounds: list[tuple[int, int]]  # (start, end) of every sequence, as host ints
     trajectories: np.ndarray  # batch indices of the member trajectories
     cache: dict[str, Any] = field(default_factory=dict, repr=False)  # per-forward plans built once
+    images: list[Any] = field(default_factory=list)  # the sequences' images, one per pad run in stream order
+    image_pos: torch.Tensor | None = None  # (pads,) stream positions of the image pad tokens
 
     @property
     def num_tokens(self) -> int:

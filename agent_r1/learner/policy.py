@@ -22,12 +22,15 @@ from agent_r1.learner.packing import Packed
 
 
 class PackedRotary(torch.nn.Module):
-    """Drop-in for ``GPTModel.rotary_pos_emb``: RoPE angles at ``self.positions`` when set."""
+    """Drop-in for ``GPTModel.rotary_pos_emb``: RoPE angles at ``self.positions`` when set.
+    Positions of three rows (3, N) are multimodal (Qwen2-VL's mRoPE): frequency i turns with row
+    ``sections[i]`` (time, height or width)."""
 
     def __init__(self, inner: torch.nn.Module):
         super().__init__()
         self.inner = inner
         self.positions: torch.Tensor | None = None
+        self.sections: torch.Tensor | None = None  # (D/2,) row of each frequency, for mRoPE
 
     def get_rotary_seq_len(self, *args: Any, **kwargs: Any) -> int:
         return self.inner.get_rotary_seq_len(*args, **kwargs)
@@ -38,7 +41,14 @@ class PackedRotary(torch.nn.Module):
         if self.positions is None:
             return self.inner(max_seq_len, offset, packed_seq=packed_seq, cp_group=cp_group)
         inv = self.inner.inv_freq
-        freqs = torch.outer(self.positions.to(inv.dtype), inv)
+        pos = self.positions
+        if pos.dim() == 1:
+            freqs = torch.outer(pos.to(inv.dtype), inv)
+        else:
+            if self.sections is None:
+                raise ValueError("multimodal (3-row) positions need the model's mrope sections")
+            rows = pos.to(inv.dtype)[self.sections.to(pos.device)]  # (D/2, N): each frequency's row
+            freqs = rows.T * inv
         if getattr(self.inner, "rotary_interleaved", False):
             emb = torch.stack((freqs, freqs), dim=-1).view(freqs.shape[0], -1)
         else:
@@ -46,13 +56,15 @@ class PackedRotary(torch.nn.Module):
         return emb[:, None, None, :]
 
 
-def install_packed_rotary(model: Any) -> PackedRotary:
-    """Swap the model's rotary embedding for a ``PackedRotary`` (idempotent; unwraps DDP etc.)."""
+def install_packed_rotary(model: Any, sections: torch.Tensor | None = None) -> PackedRotary:
+    """Swap the model's rotary embedding for a ``PackedRotary`` (idempotent; unwraps DDP etc.);
+    ``sections``: the mRoPE row of each rotary frequency, for a multimodal model."""
     while not hasattr(model, "rotary_pos_emb") and hasattr(model, "module"):
         model = model.module
-    if isinstance(model.rotary_pos_emb, PackedRotary):
-        return model.rotary_pos_emb
-    model.rotary_pos_emb = PackedRotary(model.rotary_pos_emb)
+    if not isinstance(model.rotary_pos_emb, PackedRotary):
+        model.rotary_pos_emb = PackedRotary(model.rotary_pos_emb)
+    if sections is not None:
+        model.rotary_pos_emb.sections = sections
     return model.rotary_pos_emb
 
 
@@ -290,7 +302,9 @@ def _uses_te(model: Any) -> bool:
     return layer is not None and "TE" in type(layer.self_attention.core_attention).__name__
 
 
-def packed_forward(model: Any, packed: Packed, rows: torch.Tensor | None = None) -> torch.Tensor:
+def packed_forward(
+    model: Any, packed: Packed, rows: torch.Tensor | None = None, vision: Any = None
+) -> torch.Tensor:
     """GPTModel forward of one packed stream (batch 1): block-diagonal causal attention and
     per-sequence positions. Returns the last pipeline stage's output at stream positions ``rows``
     ((len(rows), V/tp) logits, or values for the critic), at every position when ``rows`` is
@@ -300,14 +314,18 @@ def packed_forward(model: Any, packed: Packed, rows: torch.Tensor | None = None)
     sequence (``PackedAttention``) and ``PackedRotary`` positions. Transformer Engine spec (GPU):
     THD ``PackedSeqParams`` with the sequence boundaries, which TE's attention and Megatron's RoPE
     understand natively (no N x N mask). The TE branch needs a GPU with Transformer Engine and is
-    not exercised on the CPU test machines."""
+    not exercised on the CPU test machines.
+
+    Images (``packed.images``): on the first stage ``vision`` (a ``VisionEncoder``) embeds them and
+    its rows replace the pads' token embeddings (``decoder_input``); positions are then 3-row
+    (mRoPE) and take the local spec's ``PackedRotary``."""
     from megatron.core import parallel_state as ps
 
     out_rows = install_output_rows(model) if rows is not None else None
     if out_rows is not None:
         out_rows["rows"] = rows
     try:
-        out = _forward(model, packed)
+        out = _forward(model, packed, vision)
     finally:
         if out_rows is not None:
             out_rows["rows"] = None
@@ -315,7 +333,30 @@ def packed_forward(model: Any, packed: Packed, rows: torch.Tensor | None = None)
     return out.squeeze(0) if ps.is_pipeline_last_stage() else out  # a view: indexing's backward copies
 
 
-def _forward(model: Any, packed: Packed) -> torch.Tensor:
+def _image_input(model: Any, packed: Packed, vision: Any) -> torch.Tensor | None:
+    """The first stage's input embeddings with the image pads' rows from the vision tower."""
+    if not packed.images:
+        return None
+    m = _unwrap(model)
+    if not getattr(m, "pre_process", True):
+        return None
+    if vision is None:
+        raise ValueError("the micro-batch has images but the learner has no vision tower")
+    emb = m.embedding(input_ids=packed.tokens.unsqueeze(0), position_ids=None)  # (N, 1, hidden)
+    feats = vision(packed.images).to(emb.dtype)
+    if feats.shape[0] != packed.image_pos.numel():
+        raise ValueError(f"{feats.shape[0]} image embeddings for {packed.image_pos.numel()} image pads")
+    zero = torch.zeros_like(packed.image_pos)
+    return emb.index_put((packed.image_pos, zero), feats)
+
+
+def _forward(model: Any, packed: Packed, vision: Any = None) -> torch.Tensor:
+    multimodal = packed.positions.dim() == 2
+    if _uses_te(model) and multimodal:
+        raise NotImplementedError(
+            "multimodal (mRoPE) positions run on the local layer spec; the Transformer Engine spec "
+            "applies its own 1-D rotary per packed sequence"
+        )
     if _uses_te(model):
         from megatron.core.packed_seq_params import PackedSeqParams
 
@@ -330,13 +371,15 @@ def _forward(model: Any, packed: Packed) -> torch.Tensor:
     rotary = install_packed_rotary(model)
     attention = install_packed_attention(model)
     rotary.positions = packed.positions
+    decoder_input = _image_input(model, packed, vision)
+    positions = packed.positions[0] if multimodal else packed.positions  # (rope angles: PackedRotary)
     if attention is not None:
         if "attention" not in packed.cache:  # the same for every pass over this micro-batch
             packed.cache["attention"] = AttentionPlan.of(packed.bounds, packed.tokens.device)
         attention["plan"] = packed.cache["attention"]
     try:
         mask = None if attention is not None else packed.attention_mask()
-        return model(packed.tokens.unsqueeze(0), packed.positions.unsqueeze(0), mask)
+        return model(packed.tokens.unsqueeze(0), positions.unsqueeze(0), mask, decoder_input=decoder_input)
     finally:
         rotary.positions = None
         if attention is not None:

@@ -32,10 +32,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from agent_r1.agent.images import Image, ImageError, VisionSpec, load_image
-from agent_r1.models.vision import VisionTower, hf_module_name, is_vision_config, mrope_positions
 from agent_r1.rollout.sampling import BadRequest, Sampling, is_token_id, sample_batch
 from agent_r1.rollout.slot_model import SlotModel
+from agent_r1.rollout.vision import VisionTower
+from agent_r1.vision.images import Image, ImageError, VisionSpec, load_image
+from agent_r1.vision.qwen2_vl import hf_module_name, is_vision_config, mrope_positions
 
 log = logging.getLogger("agent_r1.engine")
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from agent_r1.models.vision import is_vision_config, mrope_sections
+from agent_r1.vision.qwen2_vl import is_vision_config, mrope_sections
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "qwen2_vl")  # qwen2_vl: its language model (mRoPE)
 

@@ -14,10 +14,10 @@ from vision import hf_processor, image_bytes
 from agent_r1.agent.chat import ChatCodec
 from agent_r1.agent.env import ENVS, AgentEnv
 from agent_r1.agent.flow import AgentEnvLoop, FlowConfig, SingleStepFlow
-from agent_r1.agent.images import Image, ImageError, VisionSpec, load_image, smart_resize
 from agent_r1.agent.types import Observation, StepResult
 from agent_r1.data.rows import DataRow
 from agent_r1.records.schema import records_from_table, records_to_table, table_images
+from agent_r1.vision.images import Image, ImageError, VisionSpec, load_image, smart_resize
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +131,7 @@ def test_bad_images_are_clear_errors(monkeypatch, codec, vl_codec):
     for msg, src in cases.items():
         with pytest.raises(ImageError, match=msg):
             load_image(src)
-    import agent_r1.agent.images as images_mod
+    import agent_r1.vision.images as images_mod
 
     monkeypatch.setattr(images_mod, "MAX_BYTES", 100)
     with pytest.raises(ImageError, match="more than the 100-byte limit"):

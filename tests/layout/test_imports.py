@@ -81,9 +81,10 @@ def test_no_import_cycles_between_files():
 ALLOWED = {
     "registry": set(),
     "process": set(),
+    "vision": set(),
     "algos": {"registry"},
     "records": set(),
-    "rollout": {"records", "process"},
+    "rollout": {"records", "process", "vision"},
     "jsonfiles": set(),
     "retrieval": {
         "rollout",
@@ -92,8 +93,8 @@ ALLOWED = {
     "tools": {"registry", "retrieval"},
     "rewards": {"registry"},
     "data": {"records"},
-    "agent": {"rollout", "records", "data", "tools", "rewards", "registry"},
-    "learner": {"algos", "records"},
+    "agent": {"rollout", "records", "data", "tools", "rewards", "registry", "vision"},
+    "learner": {"algos", "records", "vision"},
     "serving": {"agent", "rollout"},
 }
 

@@ -1,12 +1,10 @@
-"""The Qwen2-VL family's multimodal pieces shared by the rollout engine and the learner.
+"""The Qwen2-VL family's geometry shared by the rollout engine and the learner.
 
 - ``mrope_positions``: the three rotary position rows (time, height, width) of a prompt with
   images, as transformers' ``Qwen2VLModel.get_rope_index`` lays them out: text tokens count up on
   all three rows; an image's merged patches take (start, start + row, start + column); the text
   after it resumes at start + max(rows, columns). Tokens after the prompt continue at
   ``position + delta``, all three rows equal.
-- ``VisionTower``: image -> the embeddings that replace its ``<|image_pad|>`` tokens, through the
-  HF model's own vision tower and image processor, cached by the image's hash.
 - ``hf_module_name``: the checkpoint (HF hub) names of a Qwen2-VL model -> the names of its
   modules in transformers >= 5 (``model.layers.*`` -> ``model.language_model.layers.*``,
   ``visual.*`` -> ``model.visual.*``).
@@ -14,13 +12,12 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 import torch
 
-from agent_r1.agent.images import Image
+from agent_r1.vision.images import Image
 
 VISION_MODEL_TYPES = ("qwen2_vl",)
 
@@ -77,6 +74,19 @@ def mrope_sections(cfg: Any, head_dim: int) -> torch.Tensor:
     return torch.cat([half, half])
 
 
+def image_processor(model_dir: str) -> Any:
+    """transformers' Qwen2-VL image processor of a model folder (its PIL backend: no torchvision)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil.from_pretrained(model_dir)
+
+
+def pixel_values(processor: Any, images: list[Image]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pixel_values, image_grid_thw) of the images, as the HF processor makes them."""
+    out = processor(images=[im.to_pil() for im in images], return_tensors="pt")
+    return out["pixel_values"], out["image_grid_thw"]
+
+
 def hf_module_name(name: str) -> str:
     """A Qwen2-VL checkpoint name as the transformers >= 5 module names it (others unchanged)."""
     if name.startswith("visual."):
@@ -84,43 +94,3 @@ def hf_module_name(name: str) -> str:
     if name.startswith("model.") and not name.startswith(("model.language_model.", "model.visual.")):
         return "model.language_model." + name[len("model.") :]
     return name
-
-
-class VisionTower:
-    """Image embeddings of an HF Qwen2-VL model (its ``model.visual``), cached by image hash."""
-
-    def __init__(self, model: Any, model_dir: str, max_images: int = 256):
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-        self.model = model
-        self.processor = Qwen2VLImageProcessorPil.from_pretrained(model_dir)
-        self.merge = int(model.config.vision_config.spatial_merge_size)
-        self.cache: OrderedDict[str, torch.Tensor] = OrderedDict()
-        self.max_images = max_images
-        self.computed = 0  # images run through the tower (cache misses)
-
-    def pixels(self, images: list[Image]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(pixel_values, image_grid_thw) as the HF processor makes them."""
-        out = self.processor(images=[im.to_pil() for im in images], return_tensors="pt")
-        return out["pixel_values"], out["image_grid_thw"]
-
-    @torch.inference_mode()
-    def embeddings(self, images: list[Image]) -> list[torch.Tensor]:
-        """One (tokens, hidden) tensor per image; the tower runs once over the images not cached."""
-        have = {im.hash: self.cache[im.hash] for im in images if im.hash in self.cache}
-        todo = list({im.hash: im for im in images if im.hash not in have}.values())
-        if todo:
-            pv, grid = self.pixels(todo)
-            dev = next(self.model.parameters()).device
-            feats = self.model.model.get_image_features(pv.to(dev), grid.to(dev)).pooler_output
-            have.update({im.hash: f for im, f in zip(todo, feats, strict=True)})
-            self.computed += len(todo)
-        for h, f in have.items():  # most recently used last
-            self.cache[h] = f
-            self.cache.move_to_end(h)
-        while len(self.cache) > self.max_images:
-            self.cache.popitem(last=False)
-        return [have[im.hash] for im in images]
-
-    def clear(self) -> None:
-        self.cache.clear()
