@@ -30,6 +30,7 @@ from agent_r1.learner.device import learner_device
 from agent_r1.learner.optim import OptimConfig
 from agent_r1.learner.packing import Packed
 from agent_r1.learner.policy import packed_forward, packed_logprobs
+from agent_r1.vision.qwen2_vl import is_vision_config, mrope_sections
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Actor:
         optim: OptimConfig,
         seed: int = 0,
         trainable: bool = True,
+        train_vision: bool = False,
     ):
         from megatron.core.distributed import (
             DistributedDataParallel,
@@ -66,11 +68,12 @@ class Actor:
         from safetensors.torch import load_file
         from transformers import AutoConfig
 
-        from megatron_bridge import build_gpt_model, load_hf_weights
+        from megatron_bridge import build_gpt_model, language_config, load_hf_weights
 
         self.hf_dir, self.bridge, self.optim_cfg = Path(hf_dir), bridge, optim
         self.device = learner_device()
         self.hf_config = AutoConfig.from_pretrained(self.hf_dir)
+        self.train_vision = bool(train_vision and trainable)
         model_parallel_cuda_manual_seed(seed)
         state = {}
         for f in sorted(self.hf_dir.glob("*.safetensors")):
@@ -79,6 +82,9 @@ class Actor:
         module = build_gpt_model(self.hf_config, bridge)
         load_hf_weights(module, state, self.hf_config)
         self._adapt_model(module)
+        self.lm_config = language_config(self.hf_config)
+        if is_vision_config(self.hf_config):
+            self._attach_vision(module, state)
         module.to(self.device)
         cfg = module.config
         self.trainable = trainable
@@ -112,6 +118,21 @@ class Actor:
         )
         self.scheduler = self.make_scheduler(optim)
         self.steps = 0
+
+    def _attach_vision(self, module: Any, state: dict[str, torch.Tensor]) -> None:
+        """A vision-language model: multimodal rotary positions on every stage, and on the first
+        stage the vision tower as the submodule ``vision_encoder`` (so DDP, the optimizer when it
+        trains, and checkpoints see it; frozen by default)."""
+        from megatron.core import parallel_state as ps
+
+        from agent_r1.learner.policy import install_packed_rotary
+        from agent_r1.learner.vision import VisionEncoder
+
+        lm = self.lm_config
+        head_dim = getattr(lm, "head_dim", None) or lm.hidden_size // lm.num_attention_heads
+        install_packed_rotary(module, mrope_sections(self.hf_config, head_dim)[: head_dim // 2])
+        if ps.is_pipeline_first_stage():
+            module.vision_encoder = VisionEncoder(self.hf_config, str(self.hf_dir), state, self.train_vision)
 
     def _adapt_hf(self, state: dict[str, torch.Tensor]) -> None:
         """Hook before the model is built (the critic unties the output layer)."""
@@ -196,7 +217,7 @@ class Actor:
 
         group, rank = ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_rank()
         targets = mb.tokens[mb.label_pos]
-        return packed_logprobs(logits, targets, group, rank * logits.shape[-1], self.hf_config.vocab_size)
+        return packed_logprobs(logits, targets, group, rank * logits.shape[-1], self.lm_config.vocab_size)
 
     # ---- API --------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -280,10 +301,14 @@ class Actor:
         return metrics, seen
 
     def export_hf(self):
-        """HF-named full tensors of this rank's stage (for weight sync / HF checkpoints)."""
+        """HF-named full tensors of this rank's stage (for weight sync / HF checkpoints); a
+        trained vision tower's too (a frozen one never changes: the servers keep theirs)."""
         from megatron_bridge import export_hf_weights
 
-        return export_hf_weights(self.module, self.hf_config)
+        yield from export_hf_weights(self.module, self.hf_config)
+        vision = getattr(self.module, "vision_encoder", None)
+        if vision is not None and vision.trainable:
+            yield from vision.export_hf()
 
     # ---- checkpoints --------------------------------------------------------------------------------------
     def save(

@@ -12,6 +12,10 @@ Everything the learner does with an iteration's records indexes into it:
   action token sits in the stream, ``value_pos`` (S,) where each step starts (its last
   observation token).
 
+Images (Qwen2-VL family): a sequence's images are those of its last step's observation (it shows
+every earlier one); its positions are then the three multimodal rotary rows (``stream_positions``
+(3, N)), and a micro-batch carries its sequences' images for the vision tower.
+
 The stream is computed once with vector operations; a micro-batch (``Packed``) is an index
 gather of whole trajectories from it, so the old-logprob, reference, value and every optimizer
 pass reuse the same plan. Host-side index arithmetic stays in numpy; the tensors a micro-batch
@@ -30,7 +34,10 @@ import torch
 from agent_r1.algos.advantages import StepInputs
 from agent_r1.learner.packing import Packed, first_fit_decreasing
 from agent_r1.learner.step_inputs import to_step_inputs
+from agent_r1.records.schema import table_images
 from agent_r1.records.synth import ragged_arange
+from agent_r1.vision.images import Image
+from agent_r1.vision.qwen2_vl import Geometry
 
 NUMERIC_COLUMNS = ("action_logprobs", "reward", "teacher_logprobs")  # what a non-finite value poisons
 
@@ -95,12 +102,15 @@ class LearnerBatch:
     teacher_logprobs: torch.Tensor | None  # float32 (OPD)
     # the prefix-merged stream (host)
     stream_tokens: np.ndarray  # (N,) int64
-    stream_positions: np.ndarray  # (N,) int64, restart at 0 per sequence
+    stream_positions: np.ndarray  # (N,) int64, restart at 0 per sequence; (3, N) with images
     label_pos: np.ndarray  # (A,) stream index of each action token
     value_pos: np.ndarray  # (S,) stream index of each step's last observation token
     traj_tokens: np.ndarray  # (T + 1,) stream offsets of each trajectory
     step_of_token: np.ndarray  # (A,) step of each action token
     trainable_per_step: np.ndarray  # (S,) action tokens with mask 1 in each step
+    seq_starts: np.ndarray  # (sequences + 1,) stream offsets of the packed sequences
+    seq_images: list[list[Image]] | None = None  # each sequence's images (None: no images)
+    image_token_id: int = -1
     _plans: dict[tuple[bytes, int], list[Packed]] = field(default_factory=dict, repr=False)
 
     # ---- construction -----------------------------------------------------------------------------
@@ -112,9 +122,11 @@ class LearnerBatch:
         process_coef: float = 1.0,
         tokens: bool = False,
         anchors: bool = False,
+        vision: Geometry | None = None,
     ) -> LearnerBatch:
         """Order the records (``to_step_inputs``: trajectories by first appearance, steps by index;
-        reward checks), then build the flat columns and the merged stream."""
+        reward checks), then build the flat columns and the merged stream. ``vision``: the
+        model's image geometry, which records with images need."""
         sb = to_step_inputs(table, process_coef, tokens=tokens, anchors=anchors)
         t = sb.table
         traj = sb.inputs.traj.numpy()
@@ -148,6 +160,10 @@ class LearnerBatch:
         seq_start[step_start[:-1][~merged]] = True
         starts = np.flatnonzero(seq_start)
         positions = np.arange(n, dtype=np.int64) - starts[np.cumsum(seq_start) - 1]
+        seq_starts = np.append(starts, n).astype(np.int64)
+        seq_images = _sequence_images(t, merged, vision)
+        if seq_images is not None:
+            positions = _multimodal_positions(tok, seq_starts, seq_images, vision)
         mask, _ = _flat(t.column("action_mask"), np.int8)
         lp, _ = _flat(t.column("action_logprobs"), np.float32)
         teacher = None
@@ -170,6 +186,9 @@ class LearnerBatch:
             traj_tokens=np.append(step_start[traj_steps[:-1]], n).astype(np.int64),
             step_of_token=np.repeat(np.arange(S, dtype=np.int64), act_len),
             trainable_per_step=np.diff(_exclusive_cumsum(mask != 0)[act_off]),
+            seq_starts=seq_starts,
+            seq_images=seq_images,
+            image_token_id=vision.image_token_id if seq_images is not None else -1,
         )
 
     # ---- sizes ------------------------------------------------------------------------------------
@@ -236,16 +255,27 @@ class LearnerBatch:
         local_step = self.step_of_token[acts] - np.repeat(
             self.traj_steps[members] - _exclusive_cumsum(n_steps)[:-1], n_acts
         )
-        positions = self.stream_positions[tok_idx]
-        cu = np.append(np.flatnonzero(positions == 0), len(tok_idx)).astype(np.int64)
-        seq_id = np.cumsum(positions == 0) - 1
+        positions = self.stream_positions[..., tok_idx]
+        # the member sequences: those starting inside the members' token ranges, in order
+        first = np.searchsorted(self.seq_starts, t0)
+        last = np.searchsorted(self.seq_starts, t1)
+        seqs = ranges(first, last - first)
+        seq_lens = np.diff(self.seq_starts)[seqs]
+        cu = _exclusive_cumsum(seq_lens)
+        seq_id = np.repeat(np.arange(len(seqs)), seq_lens)
+        tokens = self.stream_tokens[tok_idx]
 
         def dev(x: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
 
+        images: list[Image] = []
+        image_pos = None
+        if self.seq_images is not None:
+            images = [im for s in seqs.tolist() for im in self.seq_images[s]]
+            image_pos = dev(np.flatnonzero(tokens == self.image_token_id)) if images else None
         act_index = dev(acts)
         return Packed(
-            tokens=dev(self.stream_tokens[tok_idx]),
+            tokens=dev(tokens),
             positions=dev(positions),
             seq_id=dev(seq_id),
             cu_seqlens=dev(cu),
@@ -258,4 +288,49 @@ class LearnerBatch:
             step_index=dev(steps),
             bounds=list(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)),
             trajectories=members,
+            images=images,
+            image_pos=image_pos,
         )
+
+
+def _sequence_images(t: pa.Table, merged: np.ndarray, vision: Geometry | None) -> list[list[Image]] | None:
+    """Each packed sequence's images: those of its last step's observation; None without images."""
+    if "images" not in t.column_names:
+        return None
+    refs = t.column("images").to_pylist()
+    if not any(refs):
+        return None
+    if vision is None:
+        raise ValueError("the records carry images but the model is text-only (no image geometry)")
+    try:
+        stored = table_images(t)
+    except ValueError as e:
+        raise ValueError(f"records: {e}") from None
+    tids = t.column("trajectory_id").to_pylist()
+    cache: dict[str, Image] = {}
+
+    def image(tid: str, h: str) -> Image:
+        if h not in cache:
+            cache[h] = Image.from_bytes(bytes(stored[(tid, h)]), f"image {h[:12]} of trajectory {tid}")
+        return cache[h]
+
+    last = np.append(np.flatnonzero(~merged)[1:] - 1, len(refs) - 1)  # each sequence's last step
+    return [[image(tids[s], h) for h in refs[s] or []] for s in last.tolist()]
+
+
+def _multimodal_positions(
+    tok: np.ndarray, seq_starts: np.ndarray, seq_images: list[list[Image]], vision: Geometry
+) -> np.ndarray:
+    """(3, N) rotary positions of the stream: each sequence laid out as the model lays out its
+    prompt (a sequence without images: the same count on all three rows)."""
+    out = np.empty((3, len(tok)), dtype=np.int64)
+    for s, images in enumerate(seq_images):
+        a, b = int(seq_starts[s]), int(seq_starts[s + 1])
+        if images:
+            try:
+                out[:, a:b] = vision.positions(tok[a:b], images)[0]
+            except ValueError as e:
+                raise ValueError(f"packed sequence {s} (stream tokens {a}..{b}): {e}") from None
+        else:
+            out[:, a:b] = np.arange(b - a)
+    return out

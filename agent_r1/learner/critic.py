@@ -43,8 +43,12 @@ class Critic(Actor):
 
     def _adapt_hf(self, state: dict[str, torch.Tensor]) -> None:
         """Untied backbone: the head replaces the output layer, the embedding stays."""
+        from megatron_bridge import language_config
+
         self.hf_config = copy.deepcopy(self.hf_config)
-        if getattr(self.hf_config, "tie_word_embeddings", False):
+        lm = language_config(self.hf_config)  # a vision-language model's language model
+        if getattr(lm, "tie_word_embeddings", False):
+            lm.tie_word_embeddings = False
             self.hf_config.tie_word_embeddings = False
             state["lm_head.weight"] = state["model.embed_tokens.weight"]
 
@@ -52,7 +56,7 @@ class Critic(Actor):
         from megatron.core import parallel_state as ps
 
         if ps.is_pipeline_last_stage():
-            module.output_layer = ValueHead(self.hf_config.hidden_size, module.config.params_dtype)
+            module.output_layer = ValueHead(module.config.hidden_size, module.config.params_dtype)
 
     def _rows(self, mb: Packed) -> torch.Tensor:
         return mb.step_value_pos

@@ -340,6 +340,7 @@ def _image_input(model: Any, packed: Packed, vision: Any) -> torch.Tensor | None
     m = _unwrap(model)
     if not getattr(m, "pre_process", True):
         return None
+    vision = vision if vision is not None else getattr(m, "vision_encoder", None)
     if vision is None:
         raise ValueError("the micro-batch has images but the learner has no vision tower")
     emb = m.embedding(input_ids=packed.tokens.unsqueeze(0), position_ids=None)  # (N, 1, hidden)

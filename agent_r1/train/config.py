@@ -64,6 +64,7 @@ class ModelConfig:
     precision: str = "default"  # default | fp8 (Transformer Engine, GPU)
     fp8_recipe: str = "delayed"
     max_len: int = 2048  # rollout server context length
+    train_vision: bool = False  # a vision-language model's vision tower trains with the policy
 
     def __post_init__(self) -> None:  # dtype, precision, fp8_recipe: BridgeConfig checks those
         _check(self.max_len >= 16, "model.max_len", f"must be >= 16, got {self.max_len}")

@@ -31,6 +31,7 @@ from agent_r1.learner.device import all_reduce_scalar, collective_device
 from agent_r1.logging import Progress
 from agent_r1.records.reader import RecordStore
 from agent_r1.train.config import TrainConfig, bridge_config
+from agent_r1.vision.qwen2_vl import Geometry
 
 log = logging.getLogger("agent_r1.learner")
 
@@ -53,7 +54,8 @@ class Learner:
         self.cfg, self.ps = cfg, ps
         bridge = bridge_config(cfg)
         seed = cfg.trainer.seed
-        self.actor = Actor(cfg.model.path, bridge, cfg.optim, seed=seed)
+        self.actor = Actor(cfg.model.path, bridge, cfg.optim, seed=seed, train_vision=cfg.model.train_vision)
+        self.vision = Geometry.of(cfg.model.path)  # None: a text-only model
         self.device = self.actor.device
         self.critic = None
         if cfg.algorithm.critic:
@@ -102,7 +104,12 @@ class Learner:
         a = self.cfg.algorithm
         est = ADVANTAGES.get(a.advantage)
         return LearnerBatch.from_table(
-            table, self.device, a.process_coef, tokens=est.level == "token", anchors="anchor" in est.needs
+            table,
+            self.device,
+            a.process_coef,
+            tokens=est.level == "token",
+            anchors="anchor" in est.needs,
+            vision=self.vision,
         )
 
     def micro(self, b: LearnerBatch, trajectories: np.ndarray | None = None, cache: bool = True):

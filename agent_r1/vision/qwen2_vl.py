@@ -12,12 +12,15 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from agent_r1.vision.images import Image
+from agent_r1.vision.images import Image, VisionSpec
 
 VISION_MODEL_TYPES = ("qwen2_vl",)
 
@@ -61,6 +64,30 @@ def mrope_positions(
     if g != len(grids):
         raise ValueError(f"{len(grids)} image grid(s) but {g} <|image_pad|> run(s)")
     return out, int(out.max() + 1 - n) if n else 0
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """How a model lays out prompts with images: its image geometry and pad token."""
+
+    spec: VisionSpec
+    image_token_id: int
+
+    @classmethod
+    def of(cls, model_dir: str | Path) -> Geometry | None:
+        """The geometry of an HF folder's model; None for a text-only model."""
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+        if cfg.get("model_type") not in VISION_MODEL_TYPES:
+            return None
+        spec = VisionSpec.from_folder(model_dir)
+        if spec is None:
+            raise ValueError(f"{model_dir}: a vision model without preprocessor_config.json")
+        return cls(spec, int(cfg["image_token_id"]))
+
+    def positions(self, ids: list[int] | np.ndarray, images: list[Image]) -> tuple[np.ndarray, int]:
+        return mrope_positions(
+            ids, self.image_token_id, [self.spec.grid(im) for im in images], self.spec.merge_size
+        )
 
 
 def mrope_sections(cfg: Any, head_dim: int) -> torch.Tensor:

@@ -31,3 +31,36 @@ def test_weight_export_round_trip_keeps_checkpoint_names(vl_results, layout):
 def test_the_images_are_used(vl_results):
     assert vl_results["without_images_diff"] > 1e-3
     assert "has images but the learner has no vision tower" in vl_results["no_tower_error"]
+
+
+ACTOR = Path(__file__).with_name("megatron_vl_actor_worker.py")
+
+
+@pytest.fixture(scope="module")
+def vl_actor(tiny_vl_dir, tmp_path_factory):
+    d = tmp_path_factory.mktemp("vl_actor")
+    spawn_ranks(ACTOR, 2, tiny_vl_dir, d / "ckpt", d / "results.json", timeout=600)
+    return json.loads((d / "results.json").read_text())
+
+
+def test_records_with_images_through_the_actor_equal_hf(vl_actor):
+    assert vl_actor["merged"]  # the two steps of a trajectory are one packed sequence
+    assert vl_actor["frozen_vs_hf"] < 1e-5 and vl_actor["trained_vs_hf"] < 1e-5
+
+
+@pytest.mark.parametrize("key", ["frozen", "trained"])
+def test_ppo_steps_with_images(vl_actor, key):
+    losses = vl_actor[f"{key}_losses"]
+    assert losses[-1] < losses[0] - 1e-3
+    assert vl_actor[f"{key}_tower_same_on_dp_ranks"]
+
+
+def test_the_tower_is_frozen_by_default_and_trains_as_an_option(vl_actor):
+    assert vl_actor["frozen_tower_moved"] == 0.0 and not vl_actor["frozen_exports_visual"]
+    assert vl_actor["trained_tower_moved"] > 1e-4 and vl_actor["trained_exports_visual"]
+
+
+@pytest.mark.parametrize("layout", ["2x1", "1x2"])
+def test_checkpoint_with_the_tower_resumes_at_other_layouts(vl_actor, layout):
+    assert abs(vl_actor[f"next_loss_{layout}"] - vl_actor["next_loss_saved"]) < 1e-5
+    assert vl_actor[f"tower_restored_{layout}"] == 0.0
