@@ -24,8 +24,9 @@ ARCHS = {
     "qwen2": ArchSpec("qwen2", qkv_bias=True, qk_norm=False),
     "qwen3": ArchSpec("qwen3", qkv_bias=False, qk_norm=True),
     "qwen2_vl_text": ArchSpec("qwen2_vl_text", qkv_bias=True, qk_norm=False, mrope=True),
+    "qwen2_5_vl_text": ArchSpec("qwen2_5_vl_text", qkv_bias=True, qk_norm=False, mrope=True),
 }
-VISION_LANGUAGE = ("qwen2_vl",)  # model types whose language model is bridged (text_config)
+VISION_LANGUAGE = ("qwen2_vl", "qwen2_5_vl")  # model types whose language model is bridged (text_config)
 
 
 def language_config(hf_config: Any) -> Any:

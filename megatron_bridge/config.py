@@ -56,6 +56,11 @@ def megatron_config(hf: Any, bc: BridgeConfig):
         raise RuntimeError(
             "model.precision=fp8 needs Transformer Engine and a CUDA GPU; neither is available here"
         )
+    if bc.precision == "fp8" and arch.mrope:
+        raise ValueError(
+            f"model.precision=fp8 needs the Transformer Engine layer spec, and {arch.model_type}'s "
+            "multimodal rotary positions run on the local spec: use model.precision=default"
+        )
     if hf.num_hidden_layers % bc.pp:
         raise ValueError(f"parallel.pp={bc.pp} must divide num_hidden_layers={hf.num_hidden_layers}")
     kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
@@ -112,7 +117,7 @@ def megatron_config(hf: Any, bc: BridgeConfig):
         "rotary_base": int(getattr(hf, "rope_theta", None) or hf.rope_parameters["rope_theta"]),
         "share_embeddings_and_output_weights": bool(getattr(hf, "tie_word_embeddings", False)),
     }
-    if te_available():
+    if te_available() and not arch.mrope:  # mRoPE: the local spec's PackedRotary takes 3-row positions
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
         spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)

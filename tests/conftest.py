@@ -40,6 +40,18 @@ def tiny_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_vl25_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen2.5-VL (window-attention vision tower + LM), the same tokenizer text."""
+    from agent_r1.models.tiny import build_tiny_model
+    from agent_r1.tools import TOOLS
+    from recipes import load_recipe
+
+    out = tmp_path_factory.mktemp("tiny") / "qwen2_5_vl"
+    texts = load_recipe("arithmetic_tool").corpus(num=300)
+    return build_tiny_model(out, texts, [TOOLS.get("calculator")().schema], arch="qwen2_5_vl", vocab_size=800)
+
+
+@pytest.fixture(scope="session")
 def tokenizer(tiny_model_dir: Path):
     from transformers import AutoTokenizer
 

@@ -302,6 +302,13 @@ class ChatCodec:
                 )
         return "".join(out)
 
+    def encode_message_images(
+        self, role: str, content: Any, where: str = "message"
+    ) -> tuple[list[int], list[Image]]:
+        """One message whose content may hold images: its ids and its images in order."""
+        images: list[Image] = []
+        return self.encode_message(role, self.render_content(content, images, where)), images
+
     def vision_spec(self, where: str = "prompt") -> VisionSpec:
         if self.vision is None:
             raise ImageError(
@@ -355,6 +362,13 @@ class ChatCodec:
         """The ids this format's model samples for a reply written in Hermes form (demonstrations,
         scripted policies): its calls re-rendered in this format, then the stop token."""
         return self.encode(text) + [self.end_id]
+
+
+def content_text(content: Any) -> str:
+    """A message content's text (an image part shows as ``[image]``): for summaries and logs."""
+    if isinstance(content, str):
+        return content
+    return "".join("[image]" if part_image(p) is not None else p.get("text", "") for p in content)
 
 
 def _drop_partial(text: str, marker: str) -> str:

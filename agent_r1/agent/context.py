@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_r1.agent.chat import ChatCodec
+from agent_r1.agent.types import Observation
 from agent_r1.registry import Registry
+from agent_r1.vision.images import Image
 
 
 @dataclass
@@ -31,6 +33,7 @@ class Turn:
     role: str
     token_ids: list[int]
     text: str
+    images: list[Image] = field(default_factory=list)  # one per <|image_pad|> run of token_ids
 
 
 @dataclass
@@ -55,10 +58,17 @@ class ContextManager:
         return history.turns
 
     def view(self, history: History) -> list[int]:
+        return self.observation(history).token_ids
+
+    def observation(self, history: History) -> Observation:
+        """The next observation: ``view``'s ids with the images of the turns it shows (image
+        tokens count in every budget: they are ids like the others)."""
+        turns = self.select(history)
+        images = [im for t in turns for im in t.images]
         ids = list(history.prefix_ids)
-        for t in self.select(history):
+        for t in turns:
             ids += t.token_ids
-        return ids + self.codec.generation_prompt_ids
+        return Observation(token_ids=ids + self.codec.generation_prompt_ids, images=images or None)
 
 
 CONTEXTS: Registry[type[ContextManager]] = Registry("context manager")

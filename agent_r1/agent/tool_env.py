@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from agent_r1.agent.chat import ChatCodec
+from agent_r1.agent.chat import ChatCodec, content_text
 from agent_r1.agent.context import History, Turn, build_context
 from agent_r1.agent.env import ENVS, AgentEnv
 from agent_r1.agent.tool_calls import MalformedCall, ToolCall
@@ -68,12 +68,11 @@ class ToolEnv(AgentEnv):
 
     def reset(self, prompt: list[dict[str, Any]] | None = None, **row: Any) -> Observation:
         messages = self.start_history(prompt)
-        for m in messages:
-            self.history.turns.append(
-                Turn(m["role"], self.codec.encode_message(m["role"], m["content"]), m["content"])
-            )
+        for i, m in enumerate(messages):
+            ids, images = self.codec.encode_message_images(m["role"], m["content"], f"prompt message {i}")
+            self.history.turns.append(Turn(m["role"], ids, content_text(m["content"]), images))
         self.num_steps = 0
-        return Observation(token_ids=self.context.view(self.history))
+        return self.context.observation(self.history)
 
     async def step(self, action: Action) -> StepResult:
         self.num_steps += 1
@@ -103,7 +102,7 @@ class ToolEnv(AgentEnv):
             "num_tool_errors": sum(1 for o in outputs if o.info.get("error")),
             "truncated": done,  # out of steps without a final answer
         }
-        obs = None if done else Observation(token_ids=self.context.view(self.history))
+        obs = None if done else self.context.observation(self.history)
         return StepResult(obs, None if done else 0.0, done, feedback, [o.reward for o in outputs], info)
 
     # ---- chat ----------------------------------------------------------------------------------
@@ -115,7 +114,7 @@ class ToolEnv(AgentEnv):
         self.history.turns.append(Turn("user", self.codec.encode_message("user", text), text))
         await self.context.update(self.history)
         self.num_steps = 0
-        return Observation(token_ids=self.context.view(self.history))
+        return self.context.observation(self.history)
 
     # ---- hooks for environments built on this one ----------------------------------------------
     def answer_allowed(self) -> bool:

@@ -1,7 +1,7 @@
 """The learner's vision tower (Qwen2-VL family): images -> the embeddings of their pad tokens.
 
 The tower is transformers' own vision module of the model (``Qwen2VisionTransformerPretrainedModel``,
-built from the HF config's ``vision_config`` and the checkpoint's ``visual.*`` tensors), replicated
+Qwen2.5-VL's ``Qwen2_5_VisionTransformerPretrainedModel``; built from the HF config's ``vision_config`` and the checkpoint's ``visual.*`` tensors), replicated
 on every rank of the first pipeline stage; its output replaces the ``<|image_pad|>`` rows of the
 language model's input embeddings (Megatron's ``decoder_input``). Frozen by default (computed
 without a graph, cached by image hash within an iteration); ``trainable=True`` trains it with the
@@ -22,14 +22,24 @@ from agent_r1.vision.qwen2_vl import image_processor, pixel_values
 PREFIX = "visual."  # the tower's tensors in a Qwen2-VL checkpoint
 
 
+def _tower_class(model_type: str) -> Any:
+    if model_type == "qwen2_5_vl":
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
+            Qwen2_5_VisionTransformerPretrainedModel,
+        )
+
+        return Qwen2_5_VisionTransformerPretrainedModel
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+
+    return Qwen2VisionTransformerPretrainedModel
+
+
 class VisionEncoder(torch.nn.Module):
     def __init__(
         self, hf_config: Any, model_dir: str, state: dict[str, torch.Tensor], trainable: bool = False
     ):
         super().__init__()
-        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
-
-        self.tower = Qwen2VisionTransformerPretrainedModel._from_config(hf_config.vision_config)
+        self.tower = _tower_class(hf_config.model_type)._from_config(hf_config.vision_config)
         own = {PREFIX + k for k in self.tower.state_dict()}
         given = {k for k in state if k.startswith(PREFIX)}
         if own != given:

@@ -2,7 +2,7 @@
 trained on a recipe's text, and a chat template with tool markup — ChatML (default), Llama 3 or
 Harmony (``chat_format``), the Jinja template rendering exactly what that format's codec encodes.
 Saved as a normal HF folder (``config.json``, ``model.safetensors``, ``tokenizer.json``,
-``tokenizer_config.json``). ``arch="qwen2_vl"`` builds a vision-language model of the Qwen2-VL
+``tokenizer_config.json``). ``arch="qwen2_vl"`` / ``"qwen2_5_vl"`` builds a vision-language model of the Qwen2-VL
 family (a small vision tower, multimodal rotary sections; ChatML with the vision tokens) and saves
 its image processor too (``preprocessor_config.json``: ``AutoProcessor`` loads the folder).
 """
@@ -16,8 +16,8 @@ import torch
 
 from agent_r1.agent.chat import CHAT_FORMATS, VISION_TOKENS
 
-ARCHS = ("qwen3", "qwen2", "llama", "qwen2_vl")
-VISION_ARCHS = ("qwen2_vl",)
+ARCHS = ("qwen3", "qwen2", "llama", "qwen2_vl", "qwen2_5_vl")
+VISION_ARCHS = ("qwen2_vl", "qwen2_5_vl")
 # the tiny VLM's image sizes: 4 to 16 vision tokens per image (28x28 pixels each after merging)
 TINY_MIN_PIXELS, TINY_MAX_PIXELS = 56 * 56, 112 * 112
 
@@ -83,7 +83,7 @@ def model_config(
         return tf.Qwen2Config(**common)
     if arch == "llama":
         return tf.LlamaConfig(head_dim=hidden // heads, **common)
-    if arch == "qwen2_vl":
+    if arch in VISION_ARCHS:
         half = hidden // heads // 2  # rotary pairs per head, split over (time, height, width)
         text = {k: v for k, v in common.items() if k != "rope_theta"}
         text["rope_parameters"] = {
@@ -91,11 +91,16 @@ def model_config(
             "rope_theta": 10000.0,
             "mrope_section": [half - 2 * (half * 3 // 8), half * 3 // 8, half * 3 // 8],
         }
+        geometry = dict(patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
+        if arch == "qwen2_vl":
+            vision = dict(depth=2, embed_dim=32, hidden_size=hidden, num_heads=2, mlp_ratio=2, **geometry)
+            return tf.Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
+        # Qwen2.5-VL's tower: RMSNorm, SwiGLU, window attention but in the last block
         vision = dict(
-            depth=2, embed_dim=32, hidden_size=hidden, num_heads=2, mlp_ratio=2, patch_size=14,
-            spatial_merge_size=2, temporal_patch_size=2, in_channels=3,
+            depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden,
+            window_size=56, fullatt_block_indexes=[1], **geometry,
         )  # fmt: skip
-        return tf.Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
+        return tf.Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
     raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
 
 
@@ -144,7 +149,12 @@ def build_tiny_model(
     if vision:
         import transformers as tf
 
-        model = tf.Qwen2VLForConditionalGeneration._from_config(cfg, dtype=torch.float32)
+        cls = (
+            tf.Qwen2VLForConditionalGeneration
+            if arch == "qwen2_vl"
+            else tf.Qwen2_5_VLForConditionalGeneration
+        )
+        model = cls._from_config(cfg, dtype=torch.float32)
     else:
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     out.mkdir(parents=True, exist_ok=True)

@@ -345,8 +345,10 @@ class Engine:
         try:
             images = [load_image(x, f"image_data[{i}]") for i, x in enumerate(items)]
             grids = [spec.grid(im) for im in images]
-        except ImageError as e:
-            raise BadRequest(str(e)) from None
+        except (ImageError, OSError, ValueError) as e:  # whatever the data was, the request's fault
+            raise BadRequest(
+                str(e) if isinstance(e, ImageError) else f"image_data: {type(e).__name__}: {e}"
+            ) from None
         runs = [b - a for a, b in pad_runs(input_ids, self.image_pad_id)]
         want = [t * h * w // spec.merge_size**2 for t, h, w in grids]
         if runs != want:

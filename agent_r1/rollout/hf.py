@@ -32,7 +32,11 @@ class HFGenerator:
         )
         self._lock = asyncio.Lock()
 
-    async def __call__(self, token_ids: list[int], sampling: SamplingParams) -> Completion:
+    async def __call__(
+        self, token_ids: list[int], sampling: SamplingParams, images: list | None = None
+    ) -> Completion:
+        if images:
+            raise ValueError("the transformers reference generator serves text; serve images with the engine")
         async with self._lock:
             return await asyncio.to_thread(self.generate_sync, token_ids, sampling)
 

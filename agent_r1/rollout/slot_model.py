@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from agent_r1.vision.qwen2_vl import is_vision_config, mrope_sections
 
-SUPPORTED = ("llama", "qwen2", "qwen3", "qwen2_vl")  # qwen2_vl: its language model (mRoPE)
+SUPPORTED = ("llama", "qwen2", "qwen3", "qwen2_vl", "qwen2_5_vl")  # *_vl: the language model (mRoPE)
 
 
 @functools.cache

@@ -29,6 +29,7 @@ from agent_r1.agent.tool_calls import (
 )
 from agent_r1.rollout.sampling import BadRequest
 from agent_r1.rollout.server import Server, dumps
+from agent_r1.vision.images import ImageError
 
 
 class InvalidRequest(ValueError):
@@ -56,20 +57,31 @@ def _get(body: dict[str, Any], key: str, types: tuple[type, ...], default: Any) 
     return v
 
 
-def _text(content: Any, where: str) -> str:
-    """A message's content: a string, or OpenAI's list of ``{"type": "text", "text"}`` parts."""
+def _text(content: Any, where: str) -> str | list[dict[str, Any]]:
+    """A message's content: a string, or OpenAI's list of ``{"type": "text", "text"}`` and
+    ``{"type": "image_url", "image_url": {"url": "data:image/...;base64,..."}}`` parts (text parts
+    are joined; with an image the list is kept for the codec, which renders the vision markup)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = []
-        for p in content:
-            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                raise InvalidRequest(f"{where}: only text content parts are supported by this model", where)
-            parts.append(p["text"])
-        return "".join(parts)
-    raise InvalidRequest(f"{where}: content must be a string or a list of text parts", where)
+        parts: list[dict[str, Any]] = []
+        for j, p in enumerate(content):
+            if isinstance(p, dict) and p.get("type") == "image_url":
+                url = p.get("image_url")
+                url = url.get("url") if isinstance(url, dict) else url
+                if not isinstance(url, str):
+                    raise InvalidRequest(f"{where}[{j}]: image_url needs a url string", where)
+                parts.append({"type": "image_url", "image_url": {"url": url}})
+            elif isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str):
+                parts.append({"type": "text", "text": p["text"]})
+            else:
+                raise InvalidRequest(f"{where}[{j}]: a content part is a text or an image_url part", where)
+        if all(p["type"] == "text" for p in parts):
+            return "".join(p["text"] for p in parts)
+        return parts
+    raise InvalidRequest(f"{where}: content must be a string or a list of text and image_url parts", where)
 
 
 def render_messages(messages: Any) -> list[dict[str, Any]]:
@@ -170,6 +182,7 @@ class OpenAIRoutes:
         self.codec: ChatCodec | None = None
         try:
             self.codec = codec_for(self.engine.tokenizer)
+            self.codec.vision = self.engine.vision_spec  # a vision model's image geometry (else None)
         except ValueError:
             pass  # no chat format agent-r1 knows: completions only
         r = server.app.router
@@ -194,9 +207,13 @@ class OpenAIRoutes:
         }
         return {k: v for k, v in d.items() if v is not None}
 
-    def _requests(self, ids: list[int], sampling: dict[str, Any], top: int) -> list[Any]:
+    def _requests(
+        self, ids: list[int], sampling: dict[str, Any], top: int, images: list[Any] | None = None
+    ) -> list[Any]:
         try:
-            return self.engine.make_requests(ids, sampling, return_logprob=True, top_logprobs_num=top)
+            return self.engine.make_requests(
+                ids, sampling, return_logprob=True, top_logprobs_num=top, image_data=images or None
+            )
         except BadRequest as e:  # names the field in SGLang's terms: say OpenAI's
             msg = (
                 str(e).replace("sampling_params.max_new_tokens", "max_tokens").replace("sampling_params.", "")
@@ -307,16 +324,19 @@ class OpenAIRoutes:
             choices.append(c)
         return web.json_response({**head, "choices": choices, "usage": self._usage(reqs)}, dumps=dumps)
 
-    def chat_prompt(self, body: dict[str, Any]) -> list[int]:
-        """The prompt ids of a chat request (what ``/generate`` would be given)."""
+    def chat_prompt(self, body: dict[str, Any]) -> tuple[list[int], list[Any]]:
+        """The prompt ids of a chat request (what ``/generate`` would be given) and its images."""
         if self.codec is None:
             raise InvalidRequest(
                 f"model {self.name} has no ChatML chat template: use /v1/completions", "model"
             )
-        return self.codec.encode_chat(render_messages(body.get("messages")), _tool_schemas(body))
+        try:
+            return self.codec.encode_chat_images(render_messages(body.get("messages")), _tool_schemas(body))
+        except ImageError as e:
+            raise InvalidRequest(str(e), "messages") from None
 
     async def _chat(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
-        ids = self.chat_prompt(body)
+        ids, images = self.chat_prompt(body)
         tools = _tool_schemas(body) is not None
         want_lp = bool(_get(body, "logprobs", (bool,), False))
         top = _get(body, "top_logprobs", (int,), 0)
@@ -326,7 +346,7 @@ class OpenAIRoutes:
         stops = set(self.codec.stop_token_ids)
         # no max_tokens: up to the context length, as OpenAI
         reqs = self._requests(
-            ids, self._sampling(body, max(self.engine.max_len - len(ids) - 1, 0), sorted(stops)), top
+            ids, self._sampling(body, max(self.engine.max_len - len(ids) - 1, 0), sorted(stops)), top, images
         )
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": rid, "created": created, "model": self.name}

@@ -23,7 +23,7 @@ class Demonstrator:
     def session(self, trajectory_id: str):
         turns = self.scripts[trajectory_id]
 
-        async def generate(token_ids: list[int], sampling: SamplingParams) -> Completion:
+        async def generate(token_ids: list[int], sampling: SamplingParams, images: Any = None) -> Completion:
             if not turns:
                 raise RuntimeError(
                     f"demonstration for {trajectory_id} has no turn left (the env wants more steps)"

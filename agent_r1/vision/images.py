@@ -110,8 +110,8 @@ def load_image(src: Any, where: str = "image") -> Image:
             return Image.from_bytes(_b64(payload, where), where)
         if src.startswith(("http://", "https://")):
             raise ImageError(f"{where}: image URLs are not fetched; send the bytes (data URL or base64)")
-        p = Path(src)
-        if len(src) < 4096 and p.is_file():
+        p = _file(src)
+        if p is not None:
             if p.stat().st_size > MAX_BYTES:
                 raise ImageError(
                     f"{where}: {p} is {p.stat().st_size} bytes, more than the {MAX_BYTES}-byte limit"
@@ -119,6 +119,17 @@ def load_image(src: Any, where: str = "image") -> Image:
             return Image.from_bytes(p.read_bytes(), f"{where} ({p})")
         return Image.from_bytes(_b64(src, where), where)
     raise ImageError(f"{where}: cannot read an image from {type(src).__name__}")
+
+
+def _file(s: str) -> Path | None:
+    """``s`` as an existing file, or None (base64 data is no file name; a long one is no legal one)."""
+    if len(s) > 4096 or "\n" in s:
+        return None
+    try:
+        p = Path(s)
+        return p if p.is_file() else None
+    except (OSError, ValueError):  # name too long, NUL byte
+        return None
 
 
 def _b64(s: str, where: str) -> bytes:

@@ -22,7 +22,7 @@ import torch
 
 from agent_r1.vision.images import Image, VisionSpec
 
-VISION_MODEL_TYPES = ("qwen2_vl",)
+VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")  # the Qwen2-VL family (same layout of images)
 
 
 def is_vision_config(cfg: Any) -> bool:

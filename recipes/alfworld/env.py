@@ -84,7 +84,7 @@ class AlfWorldEnv(ToolEnv):
         self.room, self.task = split_intro(self.state.feedback)
         self.actions, self.error, self.num_steps = [], None, 0
         self._render()
-        return Observation(token_ids=self.context.view(self.history))
+        return self.context.observation(self.history)
 
     def render_text(self) -> str:
         observation = self.room if not self.actions else None

@@ -60,7 +60,7 @@ class HotpotQAEnv(ToolEnv):
         self.question, self.passages, self.searches, self.errors = users[-1], {}, [], []
         self.num_steps = 0
         self._render()
-        return Observation(token_ids=self.context.view(self.history))
+        return self.context.observation(self.history)
 
     # ---- state -> observation ------------------------------------------------------------------
     def render_text(self, budget: int | None) -> str:

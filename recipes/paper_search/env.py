@@ -107,7 +107,7 @@ class PaperSearchEnv(ToolEnv):
         self.pool, self.expanded, self.history_lines, self.errors = {}, [], [], []
         self.num_steps = 0
         self._render()
-        return Observation(token_ids=self.context.view(self.history))
+        return self.context.observation(self.history)
 
     def render_text(self, show: int) -> str:
         title = lambda pid: self.graph.papers[pid].title  # noqa: E731

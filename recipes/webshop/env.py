@@ -86,7 +86,9 @@ class WebShopEnv(ToolEnv):
         self.server = server
         self.tools["env_step"].env = self
         self.keep_actions = keep_actions
-        self.score_reward = score_reward  # shaping: this times the purchase's score, on top of +10 for success
+        self.score_reward = (
+            score_reward  # shaping: this times the purchase's score, on top of +10 for success
+        )
         self.session: LocalSession | RemoteSession | None = None
         self.actions: list[str] = []
         self.errors: list[str] = []
@@ -105,7 +107,7 @@ class WebShopEnv(ToolEnv):
         self.actions, self.errors, self.env_error = [], [], None
         self.num_steps = 0
         self._render()
-        return Observation(token_ids=self.context.view(self.history))
+        return self.context.observation(self.history)
 
     def render_text(self) -> str:
         snap, instruction = self.session.snap, self.session.goal.instruction_text

@@ -113,6 +113,11 @@ def test_image_sources_and_hash(tmp_path):
     (tmp_path / "a.png").write_bytes(png)
     for src in (tmp_path / "a.png", str(tmp_path / "a.png"), im.data_url(), im.base64(), bytearray(png)):
         assert load_image(src).data == png
+    # base64 shorter than a path may be but longer than a file name may be (no stat error)
+    small = image_bytes(8, 8, seed=1)
+    assert (
+        255 < len(load_image(small).base64()) < 4096 and load_image(load_image(small).base64()).data == small
+    )
     assert load_image(_pil(png)).to_pil().tobytes() == _pil(png).tobytes()  # re-encoded losslessly
     for fmt in ("JPEG", "WEBP"):
         assert load_image(image_bytes(30, 20, fmt=fmt)).format == fmt

@@ -95,7 +95,7 @@ ALLOWED = {
     "data": {"records"},
     "agent": {"rollout", "records", "data", "tools", "rewards", "registry", "vision"},
     "learner": {"algos", "records", "vision"},
-    "serving": {"agent", "rollout"},
+    "serving": {"agent", "rollout", "vision"},
 }
 
 

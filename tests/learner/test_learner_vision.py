@@ -17,9 +17,21 @@ def vl_results(tiny_vl_dir, tmp_path_factory):
     return json.loads(out.read_text())
 
 
+@pytest.fixture(scope="module")
+def vl25_results(tiny_vl25_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("vl25") / "results.json"
+    spawn_ranks(WORKER, 2, tiny_vl25_dir, out, timeout=600)
+    return json.loads(out.read_text())
+
+
 @pytest.mark.parametrize("layout", ["1x1", "2x1", "1x2"])
 def test_packed_logprobs_with_images_equal_hf(vl_results, layout):
     assert vl_results[layout] < 1e-5
+
+
+@pytest.mark.parametrize("layout", ["1x1", "2x1", "1x2"])
+def test_qwen2_5_vl_packed_logprobs_equal_hf(vl25_results, layout):
+    assert vl25_results[layout] < 1e-5 and vl25_results[f"{layout}_export_diff"] == 0.0
 
 
 @pytest.mark.parametrize("layout", ["1x1", "2x1", "1x2"])

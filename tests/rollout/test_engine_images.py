@@ -41,9 +41,14 @@ def hf_logprobs(engine, ids, out_ids, images):
     return [float(lp[len(ids) - 1 + i, t]) for i, t in enumerate(out_ids)]
 
 
-@pytest.mark.parametrize("chunk", [2048, 7], ids=["whole", "chunked"])
-def test_logprobs_with_images_equal_hf(tiny_vl_dir, vl_codec, chunk):
-    eng = Engine(tiny_vl_dir, max_running=8, max_len=512, prefill_chunk=chunk).start()
+@pytest.mark.parametrize(
+    "arch,chunk",
+    [("qwen2_vl", 2048), ("qwen2_vl", 7), ("qwen2_5_vl", 7)],
+    ids=["whole", "chunked", "qwen2.5-vl"],
+)
+def test_logprobs_with_images_equal_hf(request, vl_codec, arch, chunk):
+    model_dir = request.getfixturevalue("tiny_vl_dir" if arch == "qwen2_vl" else "tiny_vl25_dir")
+    eng = Engine(model_dir, max_running=8, max_len=512, prefill_chunk=chunk).start()
     try:
         a, b = image_bytes(90, 60, seed=1), image_bytes(300, 40, seed=2)
         ids1, ims1 = _prompt(vl_codec, a, b)
@@ -154,7 +159,7 @@ def test_bad_image_requests(tiny_vl_dir, tiny_model_dir, vl_codec):
 
 
 def test_server_and_client_with_images(tiny_vl_dir, vl_codec, tmp_path):
-    srv = ServerProc(tiny_vl_dir, tmp_path, "vl")
+    srv = ServerProc(tiny_vl_dir, tmp_path, "vl", "--served-model-name", "vl")
     try:
         png = image_bytes(61, 117, seed=4)
         ids, ims = _prompt(vl_codec, png)
@@ -170,6 +175,24 @@ def test_server_and_client_with_images(tiny_vl_dir, vl_codec, tmp_path):
             max(abs(x - y) for x, y in zip(hf_logprobs(eng, ids, c.token_ids, ims), c.logprobs, strict=True))
             < 1e-4
         )
+        # the OpenAI-compatible chat route: image_url parts, the same tokens as /generate
+        openai = pytest.importorskip("openai")
+        oa = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": ims[0].data_url()}},
+                                             {"type": "text", "text": "How many bars and"}, {"type": "text", "text": "?"}]}]  # fmt: skip
+        r = oa.chat.completions.create(
+            model="vl", messages=msgs, max_tokens=6, temperature=1.0, seed=3, logprobs=True
+        )
+        assert r.usage.prompt_tokens == len(ids)
+        st, g = http("POST", srv.url + "/generate", {"input_ids": ids, "image_data": [ims[0].base64()], "return_logprob": True,
+                     "sampling_params": {"max_new_tokens": 6, "temperature": 1.0, "sampling_seed": 3}})  # fmt: skip
+        assert st == 200
+        got = [t.logprob for t in r.choices[0].logprobs.content]
+        want = [lp for lp, _, _ in g["meta_info"]["output_token_logprobs"]]
+        assert len(got) == len(want) and max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5
+        with pytest.raises(openai.BadRequestError, match="not a readable image"):
+            oa.chat.completions.create(model="vl", messages=[{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}], max_tokens=2)  # fmt: skip
         st, _ = http("GET", srv.url + "/health_generate")
         assert st == 200  # bad requests cost nothing
     finally:

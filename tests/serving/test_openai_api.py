@@ -183,3 +183,13 @@ def test_bad_requests_get_openais_error_shape(client, kwargs, param, says):
     err = e.value.body
     assert e.value.status_code == 400 and says in err["message"], err
     assert err["type"] == "invalid_request_error" and err["param"] == param
+
+
+def test_an_image_to_a_text_model_is_a_clear_error(client):
+    png = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+    with pytest.raises(openai.BadRequestError, match="text-only model"):
+        client.chat.completions.create(
+            model="tiny-agent",
+            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": png}}]}],
+            max_tokens=2,
+        )
