@@ -32,6 +32,9 @@ def main() -> None:
         choices=["chatml", "llama3", "harmony"],
         help="chat template and tool calls",
     )
+    ap.add_argument(
+        "--split-digits", action="store_true", help="one token per digit (as Qwen2 tokenizes numbers)"
+    )
     a = ap.parse_args()
     texts = load_recipe(a.recipe).corpus()
     out = build_tiny_model(
@@ -46,6 +49,7 @@ def main() -> None:
         a.kv_heads,
         seed=a.seed,
         chat_format=a.chat_format,
+        split_digits=a.split_digits,
     )
     print(f"wrote {out}")
 

@@ -17,6 +17,8 @@ from agent_r1.agent.env import ENVS, AgentEnv
 from agent_r1.agent.tool_calls import MalformedCall, ToolCall
 from agent_r1.agent.types import Action, Observation, StepResult
 from agent_r1.tools import TOOLS, BaseTool, ToolError, ToolOutput
+from agent_r1.tools.crop import ImageTool
+from agent_r1.vision.images import Image
 
 
 @ENVS.register("tool")
@@ -72,7 +74,15 @@ class ToolEnv(AgentEnv):
             ids, images = self.codec.encode_message_images(m["role"], m["content"], f"prompt message {i}")
             self.history.turns.append(Turn(m["role"], ids, content_text(m["content"]), images))
         self.num_steps = 0
+        self._share_images()
         return self.context.observation(self.history)
+
+    def _share_images(self) -> None:
+        """Image tools see the images of the episode so far (prompt and tool results, in order)."""
+        images = [im for t in self.history.turns for im in t.images]
+        for tool in self.tools.values():
+            if isinstance(tool, ImageTool):
+                tool.images = images
 
     async def step(self, action: Action) -> StepResult:
         self.num_steps += 1
@@ -128,13 +138,28 @@ class ToolEnv(AgentEnv):
         """Fold the step's tool outputs into the history (default: the chat format's tool-result
         turn(s), then the context manager). A ``rewrite`` environment rebuilds ``history.turns``
         from its state."""
-        ids, _ = self.codec.encode_tool_results(self._results(outputs))
-        self.history.turns.append(Turn("tool", ids, feedback))
+        images: list[Image] = []
+        ids, _ = self.codec.encode_tool_results(self._results(outputs, images))
+        self.history.turns.append(Turn("tool", ids, feedback, images))
         await self.context.update(self.history)
+        self._share_images()
 
-    @staticmethod
-    def _results(outputs: list[ToolOutput]) -> list[tuple[str | None, str]]:
-        return [(o.info.get("name"), o.result) for o in outputs]
+    def _results(
+        self, outputs: list[ToolOutput], images: list[Image] | None = None
+    ) -> list[tuple[str | None, str]]:
+        """(tool name, result text) per output; with ``images`` (a list to fill) each output's
+        images follow its text as vision markup (a text-only model is told it got none)."""
+        out = []
+        for o in outputs:
+            text = o.result
+            if images is not None and o.images:
+                if self.codec.vision is None:
+                    text += f" [{len(o.images)} image(s) not shown: this model takes no images]"
+                else:
+                    text += "".join(self.codec.image_markup(im) for im in o.images)
+                    images.extend(o.images)
+            out.append((o.info.get("name"), text))
+        return out
 
     # ---- tools ---------------------------------------------------------------------------------
     def _error(self, message: str, call: ToolCall | MalformedCall | None) -> ToolOutput:
@@ -159,4 +184,6 @@ class ToolEnv(AgentEnv):
         except Exception as e:  # noqa: BLE001 - a tool bug must not end the episode; it is reported
             return self._error(f"{call.name} raised {type(e).__name__}: {e}", call)
         info = {"name": call.name, "error": None, **out.info}
-        return ToolOutput(out.result, out.reward, info)
+        if out.images:
+            info["images"] = len(out.images)
+        return ToolOutput(out.result, out.reward, info, out.images)

@@ -23,13 +23,21 @@ TINY_MIN_PIXELS, TINY_MAX_PIXELS = 56 * 56, 112 * 112
 
 
 def train_tokenizer(
-    texts: list[str], vocab_size: int = 1024, chat_format: str = "chatml", vision: bool = False
+    texts: list[str],
+    vocab_size: int = 1024,
+    chat_format: str = "chatml",
+    vision: bool = False,
+    split_digits: bool = False,
 ) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split_digits:  # one token per digit, as Qwen2's and Llama 3's tokenizers split numbers
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        )
     tok.decoder = decoders.ByteLevel()
     fmt = CHAT_FORMATS[chat_format]
     specials = list(fmt.SPECIAL_TOKENS) + (list(VISION_TOKENS) if vision else [])
@@ -117,6 +125,7 @@ def build_tiny_model(
     max_positions: int = 2048,
     seed: int = 0,
     chat_format: str = "chatml",
+    split_digits: bool = False,
 ) -> Path:
     """Train the tokenizer on ``texts`` (plus chat/tool markup), build and save a random model."""
     from transformers import AutoModelForCausalLM
@@ -130,7 +139,7 @@ def build_tiny_model(
     render = fmt.__new__(fmt)  # rendering needs no tokenizer
     chat = [render.render_prefix(None, tools), render.render_message("assistant", "ok")]
     out = Path(out)
-    tokenizer = train_tokenizer(list(texts) + chat * 10, vocab_size, chat_format, vision)
+    tokenizer = train_tokenizer(list(texts) + chat * 10, vocab_size, chat_format, vision, split_digits)
     ids = dict(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,

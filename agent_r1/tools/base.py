@@ -24,6 +24,7 @@ class ToolOutput:
     result: str
     reward: float | None = None  # per-call process reward, None when the tool has no opinion
     info: dict[str, Any] = field(default_factory=dict)
+    images: list[Any] = field(default_factory=list)  # ``Image``s shown after the result text
 
 
 class BaseTool:

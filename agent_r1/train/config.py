@@ -47,6 +47,7 @@ class TinyModelConfig:
     kv_heads: int = 2
     seed: int = 0
     chat_format: str = "chatml"  # chatml (Qwen, Hermes tool calls) | llama3 | harmony (gpt-oss)
+    split_digits: bool = False  # one token per digit (as Qwen2 / Llama 3 tokenize numbers)
 
     def __post_init__(self) -> None:
         _check(

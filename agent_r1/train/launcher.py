@@ -84,6 +84,7 @@ def ensure_model(cfg: TrainConfig) -> None:
         b.kv_heads,
         seed=b.seed,
         chat_format=b.chat_format,
+        split_digits=b.split_digits,
     )
 
 

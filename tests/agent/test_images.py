@@ -17,6 +17,7 @@ from agent_r1.agent.flow import AgentEnvLoop, FlowConfig, SingleStepFlow
 from agent_r1.agent.types import Observation, StepResult
 from agent_r1.data.rows import DataRow
 from agent_r1.records.schema import records_from_table, records_to_table, table_images
+from agent_r1.tools import TOOLS, BaseTool, ToolOutput
 from agent_r1.vision.images import Image, ImageError, VisionSpec, load_image, smart_resize
 
 
@@ -280,3 +281,59 @@ def test_corrupt_stored_image_is_named():
     with pytest.raises(ValueError, match="which its observation does not show"):
         StepRecord("t", "g", 0, [1], [2], [-0.1], [1], image_data={h: png})
     assert Image.from_bytes(png).hash == h
+
+
+def test_a_tool_returns_an_image_and_the_next_observation_shows_it(vl_codec, codec):
+    """``crop`` over the prompt's picture: the crop comes back in the tool turn (vision markup,
+    pads expanded), the flow passes both images to generate, the records store each once."""
+    from agent_r1.agent.tool_calls import format_tool_call
+
+    png = image_bytes(112, 56, seed=7)
+    row = DataRow(
+        prompt=[{"role": "user", "content": [{"type": "image", "image": png}, {"type": "text", "text": "Zoom."}]}],
+        agent_name="t", reward_model={"style": "math_number", "ground_truth": "1"}, data_source="t",
+    )  # fmt: skip
+    calls = [
+        format_tool_call("crop", {"box": [0.5, 0.0, 1.0, 1.0]}),
+        format_tool_call("crop", {"box": [0.2, 0.2, 0.1, 0.9]}),  # a bad box: error feedback
+        "The answer is \\boxed{1}.",
+    ]
+    policy = ScriptedPolicy(vl_codec, calls)
+    flow = AgentEnvLoop(policy, vl_codec, FlowConfig(max_action_tokens=80), env="tool", tools=["crop"])
+    traj = asyncio.run(flow.run(row, "t0", "g0"))
+    first = load_image(png)
+    s0, s1, s2 = traj.steps
+    assert s0.feedback.startswith("<tool_response>\nimage 1, box [56, 0, 112, 56] (112x112):")
+    assert "<|image_pad|>" not in s0.feedback and s0.info["tool_calls"][0]["images"] == 1
+    crop_hash = s1.images[1]
+    assert s1.images[0] == first.hash and s1.image_data.keys() == {crop_hash}
+    crop = load_image(s1.image_data[crop_hash])
+    from PIL import Image as PILImage
+
+    want = first.to_pil().crop((56, 0, 112, 56)).resize((112, 112), PILImage.Resampling.BICUBIC)
+    assert crop.to_pil().tobytes() == want.tobytes()
+    assert vl_codec.image_pad_runs(s1.obs_token_ids) == [
+        vl_codec.vision.num_tokens(im) for im in (first, crop)
+    ]
+    assert "box must be" in s1.feedback and s2.images == s1.images and not s2.image_data
+    assert [len(x) for x in policy.images] == [1, 2, 2]
+    # a text-only model is told, and never sent, the crop
+    text_row = DataRow(prompt=[{"role": "user", "content": "Zoom."}], agent_name="t",
+                       reward_model={"style": "math_number", "ground_truth": "1"}, data_source="t")  # fmt: skip
+    policy = ScriptedPolicy(codec, [calls[0], format_tool_call("picture", {}), calls[2]])
+    flow = AgentEnvLoop(
+        policy, codec, FlowConfig(max_action_tokens=80), env="tool", tools=["crop", "picture"]
+    )
+    traj = asyncio.run(flow.run(text_row, "t1", "g1"))
+    assert "there is no image to crop" in traj.steps[0].feedback
+    assert not any(s.images for s in traj.steps) and "not shown" in codec.decode(traj.steps[2].obs_token_ids)
+
+
+class Picture(BaseTool):
+    name = "picture"
+
+    async def execute(self, args):
+        return ToolOutput("here:", images=[load_image(image_bytes(20, 20))])
+
+
+TOOLS.register("picture")(Picture)

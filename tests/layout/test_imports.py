@@ -90,7 +90,7 @@ ALLOWED = {
         "rollout",
         "jsonfiles",
     },  # its server reuses the rollout server's HTTP helpers (API key, bodies)
-    "tools": {"registry", "retrieval"},
+    "tools": {"registry", "retrieval", "vision"},
     "rewards": {"registry"},
     "data": {"records"},
     "agent": {"rollout", "records", "data", "tools", "rewards", "registry", "vision"},
