@@ -2,11 +2,11 @@
 
 Each problem's starting amount (10-99) is drawn only in the image, as seven-segment digits
 (seeded jitter of position, stroke width and colours); the text says what happens to it. The
-image travels in the prompt as an OpenAI / Qwen-VL content part (a PNG data URL), so the rows are
-plain chat messages. Demonstrations (the warm start) call the calculator with the number read
-from the image; the noisy demonstrator skips the tool part of the time and answers the number it
-read, which is wrong. RL has to find out that using the tool pays, and the policy must read the
-image either way.
+image travels in the prompt as an OpenAI / Qwen-VL content part (a PNG data URL) after the
+question, so the rows are plain chat messages. Demonstrations (the warm start) first say what they
+read ("The picture shows 78."), then call the calculator with it; the noisy demonstrator skips the
+tool part of the time and answers the number it read, which is wrong. RL has to find out that
+using the tool pays; the policy must read the image either way.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def build_rows(split: str = "train", num: int = 64, seed: int = 0) -> list[DataR
                     {"role": "system", "content": SYSTEM},
                     {
                         "role": "user",
-                        "content": [{"type": "image", "image": image}, {"type": "text", "text": p.question}],
+                        "content": [{"type": "text", "text": p.question}, {"type": "image", "image": image}],
                     },
                 ],  # fmt: skip
                 agent_name=AGENT,
@@ -130,12 +130,12 @@ def demonstrations(rows: list[DataRow], seed: int = 0, tool_rate: float = 1.0) -
     out = []
     for row in rows:
         expr, answer = row.extra_info["expression"], row.reward_model["ground_truth"]
+        seen = f"The picture shows {row.extra_info['number']}."
         if rng.random() < tool_rate:
-            out.append(
-                [format_tool_call("calculator", {"expression": expr}), f"The answer is \\boxed{{{answer}}}."]
-            )
+            call = format_tool_call("calculator", {"expression": expr})
+            out.append([f"{seen}\n{call}", f"The answer is \\boxed{{{answer}}}."])
         else:
-            out.append([f"The answer is \\boxed{{{row.extra_info['number']}}}."])
+            out.append([f"{seen} The answer is \\boxed{{{row.extra_info['number']}}}."])
     return out
 
 
@@ -147,6 +147,7 @@ def corpus(num: int = 2000, seed: int = 0) -> list[str]:
         p = make_problem(rng)
         texts += [
             p.question,
+            f"The picture shows {p.number}.",
             format_tool_call("calculator", {"expression": p.expression}),
             format_tool_responses([str(p.answer)]),
             f"The answer is \\boxed{{{p.answer}}}.",

@@ -66,13 +66,13 @@ def test_the_picture_shows_the_digits():
 def test_rows_are_chat_messages_with_an_image_part_and_splits_are_disjoint():
     rows = data.build_rows("train", 40, seed=0)
     content = rows[0].prompt[1]["content"]
-    assert [p["type"] for p in content] == ["image", "text"] and content[0]["image"].startswith(
+    assert [p["type"] for p in content] == ["text", "image"] and content[1]["image"].startswith(
         "data:image/png;base64,"
     )
-    assert load_image(content[0]["image"]).width == 56
-    key = [r.prompt[1]["content"][0]["image"] for r in rows]
-    assert key == [r.prompt[1]["content"][0]["image"] for r in data.build_rows("train", 40, seed=0)]
-    assert not set(key) & {r.prompt[1]["content"][0]["image"] for r in data.build_rows("test", 40, seed=0)}
+    assert load_image(content[1]["image"]).width == 56
+    key = [r.prompt[1]["content"][1]["image"] for r in rows]
+    assert key == [r.prompt[1]["content"][1]["image"] for r in data.build_rows("train", 40, seed=0)]
+    assert not set(key) & {r.prompt[1]["content"][1]["image"] for r in data.build_rows("test", 40, seed=0)}
     with pytest.raises(ValueError, match="split"):
         data.build_rows("dev", 2)
 
@@ -86,7 +86,7 @@ def test_demonstrations_replay_to_full_reward_on_a_vision_model(tiny_vl_dir):
         policy = ScriptedPolicy(codec, list(demo))
         flow = AGENTS.get(row.agent_name).build(policy, codec, FlowConfig(max_action_tokens=300))
         traj = asyncio.run(flow.run(row, "t", "g"))
-        image = load_image(row.prompt[1]["content"][0]["image"])
+        image = load_image(row.prompt[1]["content"][1]["image"])
         assert all(s.images == [image.hash] for s in traj.steps)  # every observation shows the picture
         assert traj.steps[0].image_data == {image.hash: image.data}  # stored once, with the first step
         assert all(not s.image_data for s in traj.steps[1:])
