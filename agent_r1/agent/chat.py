@@ -324,6 +324,15 @@ class ChatCodec:
     def image_token_id(self) -> int:
         return self.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
 
+    @functools.cached_property
+    def vision_token_ids(self) -> frozenset[int]:
+        """The vision markup's ids when this is a vision model (a sampled one cannot be shown
+        again: it would read as an image); empty for a text model."""
+        if self.vision is None:
+            return frozenset()
+        vocab = self.tokenizer.get_vocab()
+        return frozenset(vocab[t] for t in VISION_TOKENS if t in vocab)
+
     def image_pad_runs(self, ids: list[int]) -> list[int]:
         """The lengths of the ``<|image_pad|>`` runs in ``ids``, in order (none for a text model)."""
         pad = self.tokenizer.get_vocab().get(IMAGE_PAD)

@@ -14,7 +14,7 @@ from typing import Any
 
 from agent_r1.agent.chat import ChatCodec
 from agent_r1.agent.env import make_env
-from agent_r1.agent.types import Action, GenerateFn, Observation, SamplingParams
+from agent_r1.agent.types import Action, GenerateFn, Observation, SamplingParams, StepResult
 from agent_r1.data.rows import DataRow
 from agent_r1.records.schema import StepRecord, Trajectory
 from agent_r1.registry import Registry
@@ -178,7 +178,13 @@ class AgentEnvLoop(AgentFlow):
                         traj.steps[-1].done = traj.steps[-1].truncated = True
                     break
                 action = await self.act(ids, trajectory_id, t, images)
-                res = await env.step(action)
+                if self.codec.vision_token_ids.intersection(action.token_ids):
+                    # a vision model sampled its image markup: the next prompt would read it as an
+                    # image, so the episode ends here (the step is trained on, as sampled)
+                    traj.metrics["vision_token_sampled"] = 1.0
+                    res = StepResult(None, None, True, info={"truncated": True, "vision_token_sampled": True})
+                else:
+                    res = await env.step(action)
                 last = res.done or t == self.config.max_steps - 1
                 traj.steps.append(
                     StepRecord(

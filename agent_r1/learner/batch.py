@@ -110,7 +110,7 @@ class LearnerBatch:
     trainable_per_step: np.ndarray  # (S,) action tokens with mask 1 in each step
     seq_starts: np.ndarray  # (sequences + 1,) stream offsets of the packed sequences
     seq_images: list[list[Image]] | None = None  # each sequence's images (None: no images)
-    image_token_id: int = -1
+    stream_is_image: np.ndarray | None = None  # (N,) bool: the image pads of the observations
     _plans: dict[tuple[bytes, int], list[Packed]] = field(default_factory=dict, repr=False)
 
     # ---- construction -----------------------------------------------------------------------------
@@ -162,8 +162,11 @@ class LearnerBatch:
         positions = np.arange(n, dtype=np.int64) - starts[np.cumsum(seq_start) - 1]
         seq_starts = np.append(starts, n).astype(np.int64)
         seq_images = _sequence_images(t, merged, vision)
-        if seq_images is not None:
-            positions = _multimodal_positions(tok, seq_starts, seq_images, vision)
+        is_image = None
+        if seq_images is not None:  # image pads are observation tokens (a sampled pad is text)
+            is_image = tok == vision.image_token_id
+            is_image[label_pos] = False
+            positions = _multimodal_positions(tok, seq_starts, seq_images, vision, is_image)
         mask, _ = _flat(t.column("action_mask"), np.int8)
         lp, _ = _flat(t.column("action_logprobs"), np.float32)
         teacher = None
@@ -188,7 +191,7 @@ class LearnerBatch:
             trainable_per_step=np.diff(_exclusive_cumsum(mask != 0)[act_off]),
             seq_starts=seq_starts,
             seq_images=seq_images,
-            image_token_id=vision.image_token_id if seq_images is not None else -1,
+            stream_is_image=is_image,
         )
 
     # ---- sizes ------------------------------------------------------------------------------------
@@ -272,7 +275,7 @@ class LearnerBatch:
         image_pos = None
         if self.seq_images is not None:
             images = [im for s in seqs.tolist() for im in self.seq_images[s]]
-            image_pos = dev(np.flatnonzero(tokens == self.image_token_id)) if images else None
+            image_pos = dev(np.flatnonzero(self.stream_is_image[tok_idx])) if images else None
         act_index = dev(acts)
         return Packed(
             tokens=dev(tokens),
@@ -319,7 +322,11 @@ def _sequence_images(t: pa.Table, merged: np.ndarray, vision: Geometry | None) -
 
 
 def _multimodal_positions(
-    tok: np.ndarray, seq_starts: np.ndarray, seq_images: list[list[Image]], vision: Geometry
+    tok: np.ndarray,
+    seq_starts: np.ndarray,
+    seq_images: list[list[Image]],
+    vision: Geometry,
+    is_image: np.ndarray,
 ) -> np.ndarray:
     """(3, N) rotary positions of the stream: each sequence laid out as the model lays out its
     prompt (a sequence without images: the same count on all three rows)."""
@@ -328,7 +335,7 @@ def _multimodal_positions(
         a, b = int(seq_starts[s]), int(seq_starts[s + 1])
         if images:
             try:
-                out[:, a:b] = vision.positions(tok[a:b], images)[0]
+                out[:, a:b] = vision.positions(tok[a:b], images, is_image[a:b])[0]
             except ValueError as e:
                 raise ValueError(f"packed sequence {s} (stream tokens {a}..{b}): {e}") from None
         else:

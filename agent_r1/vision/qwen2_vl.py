@@ -30,13 +30,19 @@ def is_vision_config(cfg: Any) -> bool:
 
 
 def mrope_positions(
-    ids: list[int] | np.ndarray, image_token_id: int, grids: list[tuple[int, int, int]], merge: int
+    ids: list[int] | np.ndarray,
+    image_token_id: int,
+    grids: list[tuple[int, int, int]],
+    merge: int,
+    is_pad: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int]:
-    """(3, len(ids)) int64 rotary positions and the delta for the tokens after them."""
+    """(3, len(ids)) int64 rotary positions and the delta for the tokens after them. ``is_pad``:
+    which tokens are image pads (default: every ``image_token_id``; a learner passes the
+    observation's, since a sampled pad token in an action is text)."""
     ids = np.asarray(ids)
     n = len(ids)
     out = np.empty((3, n), dtype=np.int64)
-    is_pad = ids == image_token_id
+    is_pad = ids == image_token_id if is_pad is None else np.asarray(is_pad, dtype=bool)
     i, pos, g = 0, 0, 0
     while i < n:
         if not is_pad[i]:
@@ -84,9 +90,11 @@ class Geometry:
             raise ValueError(f"{model_dir}: a vision model without preprocessor_config.json")
         return cls(spec, int(cfg["image_token_id"]))
 
-    def positions(self, ids: list[int] | np.ndarray, images: list[Image]) -> tuple[np.ndarray, int]:
+    def positions(
+        self, ids: list[int] | np.ndarray, images: list[Image], is_pad: np.ndarray | None = None
+    ) -> tuple[np.ndarray, int]:
         return mrope_positions(
-            ids, self.image_token_id, [self.spec.grid(im) for im in images], self.spec.merge_size
+            ids, self.image_token_id, [self.spec.grid(im) for im in images], self.spec.merge_size, is_pad
         )
 
 

@@ -199,7 +199,7 @@ def test_env_images_reach_generate_and_records_once(vl_codec, tmp_path):
     policy = ScriptedPolicy(vl_codec, ["bars", "two bars"])
     flow = AgentEnvLoop(policy, vl_codec, FlowConfig(max_action_tokens=50), env="test_looker")
     row = DataRow(
-        prompt=[], agent_name="t", reward_model={"style": "exact", "ground_truth": "x"}, data_source="t"
+        prompt=[], agent_name="t", reward_model={"style": "math_number", "ground_truth": "1"}, data_source="t"
     )
     traj = asyncio.run(flow.run(row, "t0", "g0"))
     first, second = (load_image(d) for d in (image_bytes(90, 60, seed=1), image_bytes(60, 120, seed=2)))
@@ -337,3 +337,27 @@ class Picture(BaseTool):
 
 
 TOOLS.register("picture")(Picture)
+
+
+def test_a_sampled_image_pad_ends_the_episode_and_stays_text(vl_codec, tiny_vl_dir):
+    """A (random) vision model may sample ``<|image_pad|>``: shown again it would read as an image,
+    so the episode ends at that step; the learner treats the sampled pads as text."""
+    from agent_r1.learner.batch import LearnerBatch
+    from agent_r1.vision.qwen2_vl import Geometry
+
+    policy = ScriptedPolicy(vl_codec, ["I see <|image_pad|><|image_pad|> here", "never asked"])
+    flow = AgentEnvLoop(policy, vl_codec, FlowConfig(max_action_tokens=50), env="test_looker")
+    row = DataRow(
+        prompt=[], agent_name="t", reward_model={"style": "math_number", "ground_truth": "1"}, data_source="t"
+    )
+    traj = asyncio.run(flow.run(row, "t0", "g0"))
+    (s0,) = traj.steps
+    assert s0.done and s0.truncated and traj.metrics["vision_token_sampled"] == 1.0
+    assert vl_codec.image_token_id() in s0.action_token_ids and len(policy.calls) == 1
+    geometry = Geometry.of(tiny_vl_dir)
+    b = LearnerBatch.from_table(records_to_table(traj.steps), vision=geometry)
+    (mb,) = b.micro_batches(None, 10_000)
+    pads = [int(p) for p in mb.image_pos]
+    assert len(pads) == vl_codec.vision.num_tokens(load_image(image_bytes(90, 60, seed=1)))
+    assert all(p < len(s0.obs_token_ids) for p in pads)  # the observation's, not the action's
+    assert mb.positions.shape == (3, len(s0.obs_token_ids) + len(s0.action_token_ids))
