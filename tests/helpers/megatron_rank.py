@@ -75,6 +75,56 @@ def forward_only(model, step, seq_length: int, micro_batch_size: int = 1) -> Non
         )
 
 
+def forward_logprobs(model, packed, vocab_size: int, vision=None, chunk: int = 2048):
+    """The packed stream's action-token logprobs through Megatron's pipeline schedule (forward
+    only; the output layer projects only the rows before action tokens); None off the last stage."""
+    from megatron.core import parallel_state as ps
+
+    from agent_r1.learner.policy import packed_forward, packed_logprobs
+
+    got = {}
+
+    def step(it, model):
+        out = packed_forward(model, packed, packed.label_pos - 1, vision)
+        out = out.unsqueeze(0) if ps.is_pipeline_last_stage() else out
+
+        def loss(output):
+            v0 = ps.get_tensor_model_parallel_rank() * output.shape[-1]
+            targets = packed.tokens[packed.label_pos]
+            lp, _ = packed_logprobs(
+                output[0], targets, ps.get_tensor_model_parallel_group(), v0, vocab_size, chunk=chunk
+            )
+            got["lp"] = lp
+            return lp.sum() * 0.0, {}
+
+        return out, loss
+
+    forward_only(model, step, packed.num_tokens)
+    return got.get("lp")
+
+
+def max_diff_over_ranks(lp, ref, world: int) -> float:
+    """max |lp - ref| where the last stage has ``lp`` (None elsewhere), the same on every rank."""
+    diff = None if lp is None else float((lp.double() - ref).abs().max())
+    allres = [None] * world
+    dist.all_gather_object(allres, diff)
+    return max(d for d in allres if d is not None)
+
+
+def batch_loss(actor, batch, micro, targets) -> float:
+    """PPO loss of the batch under the actor's current weights (forward only, the training formula),
+    the same on every rank."""
+    from agent_r1.algos.losses import LossInputs, loss_config, policy_loss
+
+    lp = actor.logprobs(micro, batch.num_action_tokens)
+    out = None
+    if lp is not None:
+        seg = torch.from_numpy(batch.step_of_token)
+        x = LossInputs(lp, targets.old_logprobs, targets.advantages, batch.action_mask, seg, batch.num_steps)
+        out = float(policy_loss("ppo", x, loss_config("ppo"))[0])
+    return gather_first(out)
+
+
 def finish(rank: int, results, out: str, indent: int | None = 1) -> None:
     """Rank 0 writes the results; everyone leaves the process group together."""
     if rank == 0:

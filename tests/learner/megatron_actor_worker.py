@@ -4,20 +4,7 @@ a checkpoint saved at TP1 (DP2) resumes at TP2 and at PP2 with the identical nex
 import sys
 
 import torch
-from megatron_rank import finish, gather_first, init_rank, synth_batch
-
-
-def batch_loss(actor, batch, micro, targets):
-    """Loss value of the batch under the current weights (forward only, same formula as training)."""
-    from agent_r1.algos.losses import LossInputs, loss_config, policy_loss
-
-    lp = actor.logprobs(micro, batch.num_action_tokens)
-    out = None
-    if lp is not None:
-        seg = torch.from_numpy(batch.step_of_token)
-        x = LossInputs(lp, targets.old_logprobs, targets.advantages, batch.action_mask, seg, batch.num_steps)
-        out = float(policy_loss("ppo", x, loss_config("ppo"))[0])
-    return gather_first(out)
+from megatron_rank import batch_loss, finish, gather_first, init_rank, synth_batch
 
 
 def main() -> None:

@@ -5,7 +5,14 @@ import sys
 
 import torch
 import torch.distributed as dist
-from megatron_rank import finish, forward_only, init_rank, per_step_logprobs, synth_batch
+from megatron_rank import (
+    finish,
+    forward_logprobs,
+    init_rank,
+    max_diff_over_ranks,
+    per_step_logprobs,
+    synth_batch,
+)
 
 
 def main() -> None:
@@ -36,7 +43,6 @@ def main() -> None:
         install_packed_attention,
         install_packed_rotary,
         packed_forward,
-        packed_logprobs,
         vocab_parallel_logprob_entropy,
     )
     from megatron_bridge import BridgeConfig, build_gpt_model, load_hf_weights
@@ -51,30 +57,10 @@ def main() -> None:
         model_parallel_cuda_manual_seed(0)
         model = build_gpt_model(cfg, BridgeConfig(tp=tp, pp=pp))
         load_hf_weights(model, state, cfg)
-        got = {}
-
-        def step(it, model, got=got):
-            # PackedRotary positions + per-sequence causal SDPA; non-last stages output hidden states
-            # the output layer projects only the rows before action tokens
-            out = packed_forward(model, packed, packed.label_pos - 1)
-            out = out.unsqueeze(0) if ps.is_pipeline_last_stage() else out
-
-            def loss(output):
-                v0 = ps.get_tensor_model_parallel_rank() * output.shape[-1]
-                targets = packed.tokens[packed.label_pos]
-                lp, ent = packed_logprobs(
-                    output[0], targets, ps.get_tensor_model_parallel_group(), v0, cfg.vocab_size, chunk=7
-                )
-                got["lp"], got["ent"] = lp, ent
-                return lp.sum() * 0.0, {}
-
-            return out, loss
-
-        forward_only(model, step, packed.num_tokens)
-        diff = float((got["lp"].double() - ref).abs().max()) if "lp" in got else None
-        allres = [None] * world
-        dist.all_gather_object(allres, diff)
-        results[layout] = max(d for d in allres if d is not None)
+        # PackedRotary positions + per-sequence causal SDPA; non-last stages output hidden states;
+        # the output layer projects only the rows before action tokens
+        lp = forward_logprobs(model, packed, cfg.vocab_size, chunk=7)
+        results[layout] = max_diff_over_ranks(lp, ref, world)
         results[f"{layout}_per_sequence_attention"] = install_packed_attention(model) is not None
         if layout == "1x1":  # the same logits as Megatron's own attention with the N x N mask
             with torch.no_grad():

@@ -6,7 +6,7 @@ a checkpoint saved at DP2 resumes at TP2 and PP2 with the same loss."""
 import sys
 
 import torch
-from megatron_rank import finish, gather_first, init_rank
+from megatron_rank import batch_loss, finish, gather_first, init_rank
 from vision import image_bytes
 
 
@@ -92,7 +92,6 @@ def main() -> None:
     import megatron.core  # noqa: F401
     from megatron.core import parallel_state as ps
 
-    from agent_r1.algos.losses import LossInputs, loss_config, policy_loss
     from agent_r1.learner.actor import Actor, PolicyTargets
     from agent_r1.learner.cpu_compat import apply
     from agent_r1.learner.optim import OptimConfig
@@ -104,13 +103,7 @@ def main() -> None:
     optim = OptimConfig(lr=5e-3, clip_grad=1.0, micro_tokens=120)
 
     def loss(a, t):
-        lp = a.logprobs(micro, batch.num_action_tokens)
-        v = None
-        if lp is not None:
-            seg = torch.from_numpy(batch.step_of_token)
-            x = LossInputs(lp, t.old_logprobs, t.advantages, batch.action_mask, seg, batch.num_steps)
-            v = float(policy_loss("ppo", x, loss_config("ppo"))[0])
-        return gather_first(v)
+        return batch_loss(a, batch, micro, t)
 
     def tower(a):
         enc = a.module.vision_encoder

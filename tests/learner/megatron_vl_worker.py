@@ -6,7 +6,7 @@ import sys
 
 import torch
 import torch.distributed as dist
-from megatron_rank import finish, forward_only, init_rank
+from megatron_rank import finish, forward_logprobs, init_rank, max_diff_over_ranks
 from vision import image_bytes
 
 
@@ -112,31 +112,9 @@ def main() -> None:
         model = build_gpt_model(cfg, BridgeConfig(tp=tp, pp=pp))
         load_hf_weights(model, state, cfg)
         install_packed_rotary(model, sections)
-        got = {}
-
-        def step(it, model, got=got):
-            out = packed_forward(model, packed, packed.label_pos - 1, vision)
-            out = out.unsqueeze(0) if ps.is_pipeline_last_stage() else out
-
-            def loss(output):
-                v0 = ps.get_tensor_model_parallel_rank() * output.shape[-1]
-                lp, _ = packed_logprobs(
-                    output[0],
-                    packed.tokens[packed.label_pos],
-                    ps.get_tensor_model_parallel_group(),
-                    v0,
-                    lm.vocab_size,
-                )
-                got["lp"] = lp
-                return lp.sum() * 0.0, {}
-
-            return out, loss
-
-        forward_only(model, step, packed.num_tokens)
-        diff = float((got["lp"].double() - ref).abs().max()) if "lp" in got else None
-        allres = [None] * world
-        dist.all_gather_object(allres, diff)
-        results[layout] = max(d for d in allres if d is not None)
+        results[layout] = max_diff_over_ranks(
+            forward_logprobs(model, packed, lm.vocab_size, vision), ref, world
+        )
         # export: the language model's tensors under their checkpoint names, plus the tower's
         exported = dict(export_hf_weights(model, cfg))
         stage = [None] * world
