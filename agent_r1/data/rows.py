@@ -3,6 +3,12 @@
 Columns: ``prompt`` (chat messages), ``agent_name`` (registered agent), ``reward_model``
 (``{"style": ..., "ground_truth": ...}``), ``env_kwargs`` (JSON object as a string, overrides the
 agent's env defaults), ``data_source``; optional ``extra_info`` (JSON string).
+
+Images (vision-language rows) are stored as verl's multimodal datasets store them: each message's
+content is a string with an ``<image>`` placeholder where a picture goes, and the row's ``images``
+column lists the pictures in order as ``{"bytes", "path"}``. In memory a row's messages carry
+them as content parts (``{"type": "image", "image": bytes}``, text parts between), the form the
+chat codec renders.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ ROW_SCHEMA = pa.schema(
         ("extra_info", pa.string()),
     ]
 )
+IMAGE_PLACEHOLDER = "<image>"
+IMAGES_FIELD = pa.field("images", pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())])))
 
 
 class RowError(ValueError):
@@ -44,10 +52,13 @@ class DataRow:
     extra_info: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The row as stored: image parts become ``<image>`` placeholders + the ``images`` list."""
+        images: list[dict[str, Any]] = []
+        prompt = [{"role": m["role"], "content": _flatten(m["content"], images)} for m in self.prompt]
+        out = {
             "data_source": self.data_source,
             "agent_name": self.agent_name,
-            "prompt": self.prompt,
+            "prompt": prompt,
             "reward_model": {
                 "style": self.reward_model["style"],
                 "ground_truth": str(self.reward_model["ground_truth"]),
@@ -55,6 +66,53 @@ class DataRow:
             "env_kwargs": json.dumps(self.env_kwargs, sort_keys=True),
             "extra_info": json.dumps(self.extra_info, sort_keys=True),
         }
+        if images:
+            out["images"] = images
+        return out
+
+
+def _flatten(content: Any, images: list[dict[str, Any]]) -> str:
+    """A message content as stored: text, with ``<image>`` for each image part (appended to ``images``)."""
+    if isinstance(content, str):
+        return content
+    from agent_r1.vision.images import load_image, part_image
+
+    text = []
+    for p in content:
+        src = part_image(p)
+        if src is None:
+            text.append(p.get("text", ""))
+        else:
+            images.append({"bytes": load_image(src).data, "path": None})
+            text.append(IMAGE_PLACEHOLDER)
+    return "".join(text)
+
+
+def _with_images(prompt: list[dict[str, Any]], images: list[Any], where: str) -> list[dict[str, Any]]:
+    """Stored messages + the row's images -> messages whose content holds image parts."""
+    n = sum(m["content"].count(IMAGE_PLACEHOLDER) for m in prompt)
+    if n != len(images):
+        raise RowError(
+            f"{where}: {n} {IMAGE_PLACEHOLDER} placeholder(s) in 'prompt' but {len(images)} in 'images'"
+        )
+    it = iter(images)
+    out = []
+    for i, m in enumerate(prompt):
+        if IMAGE_PLACEHOLDER not in m["content"]:
+            out.append(m)
+            continue
+        parts: list[dict[str, Any]] = []
+        for j, chunk in enumerate(m["content"].split(IMAGE_PLACEHOLDER)):
+            if j:
+                im = next(it)
+                data = im.get("bytes") if isinstance(im, dict) else None
+                if not data:
+                    raise RowError(f"{where}: key 'images': an image without bytes (prompt[{i}])")
+                parts.append({"type": "image", "image": data})
+            if chunk:
+                parts.append({"type": "text", "text": chunk})
+        out.append({"role": m["role"], "content": parts})
+    return out
 
 
 def _json_object(value: Any, key: str, where: str) -> dict[str, Any]:
@@ -93,8 +151,11 @@ def validate_row(raw: dict[str, Any], where: str = "row") -> DataRow:
         raise RowError(
             f"{where}: key 'reward_model' must be {{'style': str, 'ground_truth': ...}}, got {rm!r}"
         )
+    prompt = [{"role": m["role"], "content": m["content"]} for m in prompt]
+    if raw.get("images"):
+        prompt = _with_images(prompt, raw["images"], where)
     return DataRow(
-        prompt=[{"role": m["role"], "content": m["content"]} for m in prompt],
+        prompt=prompt,
         agent_name=raw["agent_name"],
         reward_model=dict(rm),
         data_source=str(raw["data_source"]),
@@ -104,7 +165,9 @@ def validate_row(raw: dict[str, Any], where: str = "row") -> DataRow:
 
 
 def rows_to_table(rows: list[DataRow]) -> pa.Table:
-    return pa.Table.from_pylist([r.to_dict() for r in rows], schema=ROW_SCHEMA)
+    dicts = [r.to_dict() for r in rows]
+    schema = ROW_SCHEMA.append(IMAGES_FIELD) if any("images" in d for d in dicts) else ROW_SCHEMA
+    return pa.Table.from_pylist(dicts, schema=schema)
 
 
 def write_rows(rows: list[DataRow], path: str | Path) -> Path:

@@ -97,3 +97,25 @@ def test_context_mode_selectable_from_config(codec):
     folded = next(i for i, t in enumerate(texts) if "Summary of earlier steps" in t)
     prev = traj.steps[folded - 1]
     assert traj.steps[folded].prefix_len < len(prev.obs_token_ids) + len(prev.action_token_ids)
+
+
+def test_rows_with_images_round_trip_in_verls_layout(tmp_path):
+    """Image parts are stored as verl stores them: ``<image>`` in the content, bytes in ``images``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from agent_r1.vision.images import load_image
+    from recipes import load_recipe
+
+    rows = load_recipe("visual_arithmetic").build_rows("test", 3, seed=0)
+    path = write_rows(rows, tmp_path / "rows.parquet")
+    raw = pq.read_table(path).to_pylist()
+    assert raw[0]["prompt"][1]["content"].endswith("<image>") and len(raw[0]["images"]) == 1
+    back = load_rows(path)
+    for a, b in zip(rows, back, strict=True):
+        (qa, ia), (qb, ib) = a.prompt[1]["content"], b.prompt[1]["content"]
+        assert qa == qb and load_image(ia["image"]).data == load_image(ib["image"]).data
+    raw[0]["images"] = raw[0]["images"] * 2
+    pq.write_table(pa.Table.from_pylist(raw), tmp_path / "bad.parquet")
+    with pytest.raises(RowError, match="1 <image> placeholder\\(s\\) in 'prompt' but 2 in 'images'"):
+        load_rows(tmp_path / "bad.parquet")

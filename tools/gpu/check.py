@@ -18,6 +18,11 @@ process:
    takes them; NCCL refuses two ranks on one GPU), checked by ``/get_weights_by_name``; GB/s;
    baseline: safetensors on local disk + ``/update_weights_from_disk``.
 
+6. ``vision_language``     -- a tiny Qwen2-VL on the device in fp32: the engine's logprobs with
+   an image (tower features and pads' rows on the GPU) and the learner's (Megatron local spec,
+   mRoPE, the vision tower as a submodule, a ``LearnerBatch`` from records with images) against
+   transformers' own model; no baseline (a correctness check).
+
 ``--cpu`` runs the same checks on the CPU at a small size (fp32, gloo, shared-memory IPC): a
 smoke test of this script, not a measurement.
 
@@ -439,6 +444,60 @@ def weight_push_group(c: Ctx) -> dict:
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+# ---- 6. vision-language model ----------------------------------------------------------------------
+@check
+def vision_language(c: Ctx) -> dict:
+    import random
+
+    from transformers import AutoModelForImageTextToText
+
+    from agent_r1.agent.chat import ChatCodec
+    from agent_r1.learner.actor import Actor
+    from agent_r1.learner.batch import LearnerBatch
+    from agent_r1.learner.optim import OptimConfig
+    from agent_r1.models.tiny import build_tiny_model
+    from agent_r1.records.schema import StepRecord, records_to_table
+    from agent_r1.rollout.engine import Engine
+    from agent_r1.vision.images import load_image
+    from agent_r1.vision.qwen2_vl import Geometry, image_processor, pixel_values
+    from megatron_bridge import BridgeConfig
+    from recipes import load_recipe
+
+    data = load_recipe("visual_arithmetic")
+    d = build_tiny_model(c.tmp / "vl", data.corpus(300), arch="qwen2_vl", vocab_size=800, split_digits=True)
+    codec = ChatCodec.load(str(d))
+    image = load_image(data.render_number(47, random.Random(0)))
+    msgs = [
+        {"role": "user", "content": [{"type": "text", "text": "Read:"}, {"type": "image", "image": image}]}
+    ]
+    ids, images = codec.encode_chat_images(msgs)
+    eng = Engine(d, device=str(c.device), max_running=4, max_len=512)
+    (r,) = eng.make_requests(ids, {"max_new_tokens": 16, "temperature": 1.0, "ignore_eos": True, "sampling_seed": 1},
+                             return_logprob=True, image_data=[image.base64()])  # fmt: skip
+    eng.submit([r])
+    eng.run_until_idle()
+    eng = None
+    hf = AutoModelForImageTextToText.from_pretrained(d, dtype=torch.float32).to(c.device).eval()
+    pv, grid = pixel_values(image_processor(str(d)), images)
+    full = torch.tensor([ids + r.out_ids], device=c.device)
+    with torch.no_grad():
+        logits = hf(input_ids=full, pixel_values=pv.to(c.device), image_grid_thw=grid.to(c.device),
+                    mm_token_type_ids=(full == hf.config.image_token_id).int()).logits[0].float()  # fmt: skip
+    lp = torch.log_softmax(logits, -1)[len(ids) - 1 : -1].gather(1, full[0, len(ids) :, None])[:, 0].cpu()
+    engine_diff = float((lp - torch.tensor(r.out_logprobs)).abs().max())
+    rec = StepRecord("t", "g", 0, ids, r.out_ids, r.out_logprobs, [1] * len(r.out_ids), images=[image.hash],
+                     image_data={image.hash: image.data}, done=True, reward=1.0)  # fmt: skip
+    batch = LearnerBatch.from_table(records_to_table([rec]), c.device, vision=Geometry.of(d))
+    actor = Actor(d, BridgeConfig(), OptimConfig(), trainable=False)
+    learner_lp = actor.logprobs(batch.micro_batches(None, 4096), batch.num_action_tokens).float().cpu()
+    learner_diff = float((learner_lp - lp).abs().max())
+    return {
+        "ok": engine_diff < 1e-3 and learner_diff < 1e-3,
+        "engine_vs_hf": engine_diff,
+        "learner_vs_hf": learner_diff,
+    }
 
 
 def main() -> None:
