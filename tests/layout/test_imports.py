@@ -92,7 +92,7 @@ ALLOWED = {
     },  # its server reuses the rollout server's HTTP helpers (API key, bodies)
     "tools": {"registry", "retrieval", "vision"},
     "rewards": {"registry"},
-    "data": {"records"},
+    "data": {"records", "vision"},
     "agent": {"rollout", "records", "data", "tools", "rewards", "registry", "vision"},
     "learner": {"algos", "records", "vision"},
     "serving": {"agent", "rollout", "vision"},
