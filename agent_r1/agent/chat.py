@@ -28,7 +28,7 @@ from agent_r1.agent.tool_calls import (
     format_tool_responses,
     parse_tool_calls,
 )
-from agent_r1.vision.images import Image, ImageError, VisionSpec, load_image, part_image
+from agent_r1.vision.images import Image, ImageError, VisionSpec, load_image, pad_runs, part_image
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
@@ -336,16 +336,7 @@ class ChatCodec:
     def image_pad_runs(self, ids: list[int]) -> list[int]:
         """The lengths of the ``<|image_pad|>`` runs in ``ids``, in order (none for a text model)."""
         pad = self.tokenizer.get_vocab().get(IMAGE_PAD)
-        if pad is None:
-            return []
-        runs, n = [], 0
-        for t in ids:
-            if t == pad:
-                n += 1
-            elif n:
-                runs.append(n)
-                n = 0
-        return runs + ([n] if n else [])
+        return [] if pad is None else [b - a for a, b in pad_runs(ids, pad)]
 
     def check_image_pads(self, ids: list[int], images: list[Image], where: str = "observation") -> None:
         """Raise ImageError unless ``ids`` hold one pad run per image, each of that image's size."""

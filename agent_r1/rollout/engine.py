@@ -35,7 +35,7 @@ import torch
 from agent_r1.rollout.sampling import BadRequest, Sampling, is_token_id, sample_batch
 from agent_r1.rollout.slot_model import SlotModel
 from agent_r1.rollout.vision import VisionTower
-from agent_r1.vision.images import Image, ImageError, VisionSpec, load_image
+from agent_r1.vision.images import Image, ImageError, VisionSpec, load_image, pad_runs
 from agent_r1.vision.qwen2_vl import hf_module_name, is_vision_config, mrope_positions
 
 log = logging.getLogger("agent_r1.engine")
@@ -112,13 +112,6 @@ class Request:
     @property
     def length(self) -> int:
         return len(self.prompt) + len(self.out_ids)
-
-
-def pad_runs(ids: list[int], pad: int) -> list[tuple[int, int]]:
-    """(start, end) of each run of ``pad`` in ``ids``."""
-    mask = (np.asarray(ids, dtype=np.int64) == pad).astype(np.int8)
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask, [0]])))
-    return list(zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True))
 
 
 def _lcp(a: np.ndarray, b: np.ndarray) -> int:
@@ -350,7 +343,7 @@ class Engine:
                 str(e) if isinstance(e, ImageError) else f"image_data: {type(e).__name__}: {e}"
             ) from None
         runs = [b - a for a, b in pad_runs(input_ids, self.image_pad_id)]
-        want = [t * h * w // spec.merge_size**2 for t, h, w in grids]
+        want = [spec.num_tokens(im) for im in images]
         if runs != want:
             raise BadRequest(
                 f"image_data: input_ids' <|image_pad|> runs {runs} do not match the {len(images)} "

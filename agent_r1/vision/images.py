@@ -156,6 +156,15 @@ def content_images(content: Any) -> list[Any]:
     return [s for p in content if (s := part_image(p)) is not None]
 
 
+def pad_runs(ids: Any, pad: int) -> list[tuple[int, int]]:
+    """(start, end) of each run of the token ``pad`` in ``ids`` (an image's placeholder tokens)."""
+    import numpy as np
+
+    mask = (np.asarray(ids, dtype=np.int64) == pad).astype(np.int8)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask, [0]])))
+    return list(zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True))
+
+
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """The size the Qwen2-VL image processor resizes to: both sides multiples of ``factor``
     (patch x merge), area within [min_pixels, max_pixels], aspect ratio kept as closely as it can."""

@@ -83,6 +83,8 @@ def test_logprobs_with_images_equal_hf(request, vl_codec, arch, chunk):
         ref = hf_logprobs(eng, ids1[:1], ids1[1:], [])
         assert r.input_logprobs[0] is None and len(r.input_logprobs) == len(ids1)
         assert sum(abs(x - y) for x, y in zip(ref, r.input_logprobs[1:], strict=True)) > 1e-3  # images matter
+        with_images = hf_logprobs(eng, ids1[:1], ids1[1:], ims1)
+        assert max(abs(x - y) for x, y in zip(with_images, r.input_logprobs[1:], strict=True)) < 1e-4
     finally:
         eng.stop()
 
