@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -643,17 +644,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    import signal
+def _stdout_closed() -> bool:
+    """True when standard output is a pipe whose reader has gone (``agent-r1 ... | head``)."""
+    import select
 
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `agent-r1 ... | head` ends quietly
+    try:
+        p = select.poll()
+        p.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in p.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    # SIGPIPE stays ignored (Python's default): a server writing to a client that hung up must get
+    # EPIPE as an exception, not die of the signal. A closed stdout pipe ends the command quietly.
     parser = build_parser()
     a, extra = parser.parse_known_args(argv)
     if extra and isinstance(getattr(a, "overrides", None), list) and all("=" in x for x in extra):
         a.overrides += extra  # Hydra overrides after an option: `train --print-config a=b`
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return a.fn(a)
+    try:
+        return a.fn(a)
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 141  # as a shell reports a process ended by SIGPIPE (128 + 13)
 
 
 if __name__ == "__main__":

@@ -159,24 +159,28 @@ def start_server(model: str, max_len: int, dtype: str, threads: int | None) -> t
 
     from agent_r1.process import die_with_parent
 
-    ready = Path(tempfile.mkdtemp(prefix="agent_r1_eval_")) / "server.json"
+    tmp = Path(tempfile.mkdtemp(prefix="agent_r1_eval_"))
+    ready, log_path = tmp / "server.json", tmp / "server.log"
     cmd = [sys.executable, "-m", "agent_r1.cli", "serve", "--model", model, "--port", "0",
            "--max-len", str(max_len), "--dtype", dtype, "--ready-file", str(ready), "--strict"]  # fmt: skip
     if threads:
         cmd += ["--threads", str(threads)]
     # its own session: a Ctrl-C at the terminal (a chat's) reaches this process, not the server
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=die_with_parent(),
-        start_new_session=True,
-    )
+    # its log goes to a file (a pipe nobody drains would stop the server once it filled)
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+            preexec_fn=die_with_parent(),
+            start_new_session=True,
+        )
+    proc.log_path = log_path  # type: ignore[attr-defined]
     deadline = time.time() + 300
     while not ready.exists():
         if proc.poll() is not None:
-            raise SystemExit(f"the embedded server failed to start: {proc.stderr.read()[-2000:]}")
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise SystemExit(f"the embedded server failed to start: {tail}")
         if time.time() > deadline:
             proc.kill()
             raise SystemExit("the embedded server did not start within 300 s")

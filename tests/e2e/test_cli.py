@@ -97,3 +97,29 @@ def test_cli_data_names_an_unknown_split(tmp_path):
         in res.stderr
     )
     assert not (tmp_path / "x.parquet").exists()
+
+
+_PRINTS_A_LOT = """
+import argparse, sys
+from agent_r1 import cli
+
+def build_parser():
+    p = argparse.ArgumentParser()
+    p.set_defaults(fn=lambda a: [print("x" * 100) for _ in range(100_000)] and 0)
+    return p
+
+cli.build_parser = build_parser
+sys.exit(cli.main([]))
+"""
+
+
+def test_output_into_a_closed_pipe_ends_quietly():
+    """`agent-r1 ... | head`: the command ends with 141 (as if by SIGPIPE) and no traceback, while
+    SIGPIPE itself stays ignored (a server must survive a client's hang-up)."""
+    p = subprocess.Popen(
+        [sys.executable, "-c", _PRINTS_A_LOT], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert p.stdout.readline().strip() == b"x" * 100
+    p.stdout.close()  # the reader goes away, as `head` does
+    err = p.stderr.read().decode()
+    assert p.wait(60) == 141 and "Traceback" not in err and "BrokenPipe" not in err, err

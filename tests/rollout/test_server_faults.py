@@ -171,6 +171,52 @@ def test_a_non_streaming_client_that_hangs_up_frees_the_engine(tiny_model_dir, t
         s.kill()
 
 
+def test_streaming_clients_that_hang_up_never_kill_the_server(tiny_model_dir, tmp_path):
+    """Clients that reset their connections mid-stream (a chat's Ctrl-C, a killed worker) make the
+    server's next writes fail with EPIPE: the `agent-r1 serve` process must take that as an error,
+    not die of SIGPIPE (it did while the CLI reset SIGPIPE to its default for every command)."""
+    import struct
+
+    s = ServerProc(tiny_model_dir, tmp_path, "h0")
+    try:
+        # the cause, checked directly: the server process ignores SIGPIPE (the race below is rare)
+        status_lines = open(f"/proc/{s.proc.pid}/status").read().splitlines()
+        ignored = int(next(x for x in status_lines if x.startswith("SigIgn:")).split()[1], 16)
+        assert ignored & (1 << (13 - 1)), "SIGPIPE is not ignored: a client's reset would kill the server"
+        u = urllib.parse.urlparse(s.url)
+        body = json.dumps(
+            {
+                "input_ids": [1, 2, 3],
+                "stream": True,
+                "sampling_params": {"max_new_tokens": 900, "ignore_eos": True},
+            }  # fmt: skip
+        ).encode()
+        request = (
+            b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        for _ in range(5):
+            socks = [socket.create_connection((u.hostname, u.port)) for _ in range(12)]
+            for sock in socks:
+                sock.sendall(request)
+            for sock in socks:
+                got = b""
+                while b"data:" not in got:  # its stream has begun
+                    chunk = sock.recv(65536)
+                    assert chunk, "the server closed a stream"
+                    got += chunk
+            for sock in socks:  # hang up with a reset (SO_LINGER 0) while the server writes
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                sock.close()
+            time.sleep(0.5)
+            assert s.proc.poll() is None, f"the server died (exit {s.proc.returncode})"
+        status, info = http("GET", s.url + "/get_server_info")
+        assert status == 200 and info["internal_states"][0]["generated_tokens"] < 5 * 12 * 900
+    finally:
+        s.kill()
+
+
 def test_json_never_carries_nan():
     text = dumps({"logprobs": [[float("nan"), 3, None], [float("-inf"), 4, None], [-0.5, 5, None]]})
     assert "NaN" not in text and "Infinity" not in text
