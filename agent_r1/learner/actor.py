@@ -27,7 +27,7 @@ from agent_r1.learner.checkpoint_files import (
     write_checksums,
 )
 from agent_r1.learner.device import learner_device
-from agent_r1.learner.optim import OptimConfig
+from agent_r1.learner.optim import OptimConfig, torch_optimizers, use_fused_adam
 from agent_r1.learner.packing import Packed
 from agent_r1.learner.policy import packed_forward, packed_logprobs
 from agent_r1.vision.qwen2_vl import is_vision_config, mrope_sections
@@ -116,6 +116,7 @@ class Actor:
             ),
             [self.model],
         )
+        use_fused_adam(self.optimizer)
         self.scheduler = self.make_scheduler(optim)
         self.steps = 0
 
@@ -364,7 +365,7 @@ class Actor:
     def _init_optimizer_state(self) -> None:
         """A never-stepped torch Adam has no state; the checkpoint format expects moments and a
         step per parameter, so create empty ones before loading into them."""
-        for opt in _torch_optimizers(self.optimizer):
+        for opt in torch_optimizers(self.optimizer):
             for group in opt.param_groups:
                 for p in group["params"]:
                     if not opt.state[p]:
@@ -416,7 +417,7 @@ class Actor:
                 self.optimizer.load_state_dict(loaded["optimizer"])
             # torch Adam's per-parameter step is not in the DP-reshardable format: restore it from
             # our own count (every parameter is stepped each update; skipped updates raise)
-            for opt in _torch_optimizers(self.optimizer):
+            for opt in torch_optimizers(self.optimizer):
                 for st in opt.state.values():
                     if "step" in st:
                         st["step"] = torch.tensor(float(meta["steps"]))
@@ -442,8 +443,3 @@ def _skip_single_rank_sync(model: Any) -> None:
 
 def _noop(*args: Any, **kwargs: Any) -> None:
     return None
-
-
-def _torch_optimizers(opt: Any) -> list[Any]:
-    chained = getattr(opt, "chained_optimizers", [opt])
-    return [c.optimizer for c in chained if getattr(c, "optimizer", None) is not None]

@@ -4,6 +4,7 @@ warmup + cosine decay, gradient clipping, and the packed micro-batch token budge
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -26,3 +27,36 @@ class OptimConfig:
             raise ValueError(f"optim.lr must be > 0 and 0 <= min_lr <= lr, got {self.lr}, {self.min_lr}")
         if self.micro_tokens < 1:
             raise ValueError(f"optim.micro_tokens must be >= 1, got {self.micro_tokens}")
+
+
+def torch_optimizers(megatron_optimizer: Any) -> list[Any]:
+    """The torch optimizers inside a Megatron optimizer (chained or not)."""
+    chained = getattr(megatron_optimizer, "chained_optimizers", [megatron_optimizer])
+    return [c.optimizer for c in chained if getattr(c, "optimizer", None) is not None]
+
+
+def use_fused_adam(megatron_optimizer: Any) -> int:
+    """Make the torch Adam/AdamW inside a Megatron optimizer run its fused kernel (one pass over
+    each parameter) where torch has one for the parameters' device. Megatron builds torch's Adam
+    when neither Transformer Engine nor Apex is installed (always on CPU), and torch's default on
+    CPU is the per-tensor loop: about ten elementwise passes over every parameter per step (at
+    SmolLM2 size ~2 s of a ~12 s update on 2 cores). Same update rule; returns how many param
+    groups were switched."""
+    import torch
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    switched = 0
+    for torch_opt in torch_optimizers(megatron_optimizer):
+        if type(torch_opt) not in (torch.optim.Adam, torch.optim.AdamW):
+            continue  # TE's / Apex's FusedAdam already is one kernel
+        for group in torch_opt.param_groups:
+            params = group["params"]
+            if not params or group.get("fused") or group.get("capturable") or group.get("differentiable"):
+                continue
+            devices = {p.device.type for p in params}
+            if devices <= set(_get_fused_kernels_supported_devices()) and all(
+                p.dtype.is_floating_point for p in params
+            ):
+                group["fused"], group["foreach"] = True, False
+                switched += 1
+    return switched

@@ -58,10 +58,10 @@ def main() -> None:
     same = Actor(model_dir, BridgeConfig(), optim)
     results["trainer_state"] = same.load(ckpt)
     results["next_loss_reloaded_same_layout"] = loss(same)
-    from agent_r1.learner.actor import _torch_optimizers
+    from agent_r1.learner.optim import torch_optimizers
 
     def opt_state(a):
-        o = _torch_optimizers(a.optimizer)[0]
+        o = torch_optimizers(a.optimizer)[0]
         p = o.param_groups[0]["params"][0]
         st = o.state[p]
         return [
@@ -69,6 +69,7 @@ def main() -> None:
             float(st["step"]),
             float(st["exp_avg"].abs().sum()),
             float(st["exp_avg_sq"].abs().sum()),
+            all(g["fused"] for g in o.param_groups),  # torch's one-pass Adam kernel (CPU and CUDA)
         ]
 
     results["opt_state"] = [opt_state(actor), opt_state(same)]

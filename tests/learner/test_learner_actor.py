@@ -38,3 +38,9 @@ def test_checkpoint_resumes_same_layout_and_other_layouts(actor_results):
     assert a == pytest.approx(b, abs=1e-6)
     for layout in ("2x1", "1x2"):
         assert actor_results[f"next_loss_{layout}"] == pytest.approx(saved, abs=1e-5), layout
+
+
+def test_optimizer_state_survives_the_checkpoint_and_adam_is_fused(actor_results):
+    saved, reloaded = actor_results["opt_state"]
+    assert saved[:4] == pytest.approx(reloaded[:4], rel=1e-6) and saved[1] >= 1  # lr, step, moments
+    assert saved[4] and reloaded[4]  # torch's fused Adam kernel, also after loading a checkpoint
