@@ -27,7 +27,7 @@ from agent_r1.algos.rewards import RunningReturnStd
 from agent_r1.learner.actor import Actor, PolicyTargets
 from agent_r1.learner.batch import LearnerBatch, drop_nonfinite
 from agent_r1.learner.critic import Critic
-from agent_r1.learner.device import all_reduce_scalar, collective_device
+from agent_r1.learner.device import all_reduce_scalar, collective_device, keep_freed_host_memory
 from agent_r1.logging import Progress
 from agent_r1.records.reader import RecordStore
 from agent_r1.train.config import TrainConfig, bridge_config
@@ -52,6 +52,7 @@ class Learner:
         from megatron.core import parallel_state as ps
 
         self.cfg, self.ps = cfg, ps
+        keep_freed_host_memory()  # a CPU learner reuses its step's large blocks (no page faults)
         bridge = bridge_config(cfg)
         seed = cfg.trainer.seed
         self.actor = Actor(cfg.model.path, bridge, cfg.optim, seed=seed, train_vision=cfg.model.train_vision)
