@@ -48,9 +48,9 @@ def keep_freed_host_memory() -> bool:
     fresh ``mmap`` that the kernel zero-fills page by page and ``munmap`` returns at ``free``: a
     learner step allocates and frees its activations and gradients (hundreds of MB at SmolLM2 size)
     every time, so it pays those page faults on every step (~12 % of the update measured at that
-    size; what jemalloc / tcmalloc avoid in PyTorch's CPU tuning guides). Peak memory is unchanged:
-    the kept blocks are the ones the next step needs again. No-op on a GPU learner or without
-    glibc; returns whether it applied."""
+    size; what jemalloc / tcmalloc avoid in PyTorch's CPU tuning guides). Peak memory grows a
+    little (+2.5 % in that benchmark): the kept blocks are the ones the next step needs again.
+    No-op on a GPU learner or without glibc; returns whether it applied."""
     import ctypes
 
     if torch.cuda.is_available():

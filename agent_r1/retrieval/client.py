@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -42,8 +43,22 @@ class LocalRetriever:
 
 
 class HttpRetriever:
-    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 30.0, retries: int = 3):
-        self.url, self.api_key, self.timeout_s, self.retries = url.rstrip("/"), api_key, timeout_s, retries
+    """``url``: the server's address, or a function giving its current one (a run's retriever
+    role: read again for every attempt, so a restarted retriever on a new port is found)."""
+
+    def __init__(
+        self,
+        url: str | Callable[[], str],
+        api_key: str | None = None,
+        timeout_s: float = 30.0,
+        retries: int = 3,
+    ):
+        self._url = url if callable(url) else (lambda u=url: u)
+        self.api_key, self.timeout_s, self.retries = api_key, timeout_s, retries
+
+    @property
+    def url(self) -> str:
+        return self._url().rstrip("/")
 
     async def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         import aiohttp
@@ -52,10 +67,11 @@ class HttpRetriever:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         last = ""
         for attempt in range(self.retries + 1):
+            url = self.url
             try:
                 timeout = aiohttp.ClientTimeout(total=self.timeout_s)
                 async with aiohttp.ClientSession(timeout=timeout) as s:
-                    async with s.post(f"{self.url}/retrieve", json=body, headers=headers) as r:
+                    async with s.post(f"{url}/retrieve", json=body, headers=headers) as r:
                         if r.status == 200:
                             data = await r.json()
                             return [[Hit.from_json(h) for h in hits] for hits in data["result"]]
@@ -66,7 +82,7 @@ class HttpRetriever:
                 last = f"{type(e).__name__}: {e}"
             if attempt < self.retries:
                 await asyncio.sleep(min(0.5 * 2**attempt, 4.0))
-        raise RetrievalError(f"retriever {self.url} failed: {last}")
+        raise RetrievalError(f"retriever {url} failed: {last}")
 
 
 @functools.lru_cache(maxsize=8)
@@ -98,11 +114,11 @@ def use_run_retriever(cfg: Any, rd: Any = None) -> None:
     if not r.index:
         return
     if r.serve and rd is not None:
-        from agent_r1.retrieval.server import wait_for_retriever
+        from agent_r1.rollout.served import follow_published
 
-        url = wait_for_retriever(rd.retriever_file, cfg.rollout.ready_timeout_s)
-        set_default(HttpRetriever(url, rd.api_key()))
-        log.info("search tools use the run's retriever at %s", url)
+        current = follow_published(rd.retriever_file, cfg.rollout.ready_timeout_s, "retriever")
+        set_default(HttpRetriever(current, rd.api_key()))  # a restarted retriever is found again
+        log.info("search tools use the run's retriever at %s", current())
     else:
         set_default(LocalRetriever(open_index(r.index, r.mode)))
         log.info("search tools use the index %s in this process", r.index)

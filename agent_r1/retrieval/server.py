@@ -9,9 +9,7 @@ one batch. Bad requests get 400 with a message; an optional ``--api-key`` protec
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -134,12 +132,3 @@ def serve_retriever(
         return runner, server.url, {"index": str(index_dir)}
 
     return serve_until_stopped(start, ready_file, stop_when)
-
-
-def wait_for_retriever(ready_file: Path, timeout_s: float) -> str:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if ready_file.exists():
-            return json.loads(ready_file.read_text())["url"]
-        time.sleep(0.1)
-    raise TimeoutError(f"the retriever did not publish {ready_file} within {timeout_s:.0f} s")

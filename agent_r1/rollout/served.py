@@ -81,6 +81,33 @@ def published_urls(folder: Path) -> list[str]:
     return out
 
 
+def follow_published(ready_file: Path, timeout_s: float, what: str) -> Callable[[], str]:
+    """The address a run's single service (retriever, environment server) published in
+    ``ready_file``, as a function read at every use: the launcher restarts a dead service, which
+    then listens on a new port and publishes again. Waits up to ``timeout_s`` for the first
+    address; while the service restarts (its file gone or being replaced) the last one stands."""
+    import json
+
+    def read() -> str | None:
+        try:
+            return json.loads(ready_file.read_text())["url"]
+        except (OSError, ValueError, KeyError):
+            return None
+
+    deadline = time.time() + timeout_s
+    while (first := read()) is None:
+        if time.time() > deadline:
+            raise TimeoutError(f"the {what} did not publish {ready_file} within {timeout_s:.0f} s")
+        time.sleep(0.1)
+    last = [first]
+
+    def current() -> str:
+        last[0] = read() or last[0]
+        return last[0]
+
+    return current
+
+
 def use_run_models(cfg: Any, rd: Any) -> None:
     """Register the run's policy (its router when ``rollout.router``) and every helper model."""
     key, wait = rd.api_key(), cfg.rollout.ready_timeout_s

@@ -6,7 +6,6 @@ one ``env_server`` role (restarted when it dies, on a rollout node under Slurm) 
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -45,20 +44,9 @@ def use_run_env_server(cfg: Any, rd: Any) -> None:
     """This process's environments use the run's environment server (when ``rollout.env_server``)."""
     if not cfg.rollout.env_server:
         return
-    from agent_r1.retrieval.server import wait_for_retriever as wait_for_file
+    from agent_r1.rollout.served import follow_published
 
-    url = wait_for_file(rd.env_server_file, cfg.rollout.ready_timeout_s)
-    last = {"url": url}
-
-    def current() -> str:
-        """The address the server published last: a restarted server (the launcher restarts a
-        dead one) may listen elsewhere; while it restarts, the old address (sessions then fail
-        over to env_error after their retries)."""
-        try:
-            last["url"] = json.loads(rd.env_server_file.read_text())["url"]
-        except (OSError, ValueError, KeyError):
-            pass
-        return last["url"]
-
+    # sessions of a server that died fail over to env_error after their retries
+    current = follow_published(rd.env_server_file, cfg.rollout.ready_timeout_s, "environment server")
     importlib.import_module(f"recipes.{cfg.recipe.name}.env").use_env_server(current, rd.api_key())
-    log.info("environments use the run's %s server at %s", cfg.recipe.name, url)
+    log.info("environments use the run's %s server at %s", cfg.recipe.name, current())

@@ -170,3 +170,31 @@ def test_index_build_errors_name_the_file(tmp_path):
         )
         assert r.returncode == 1 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "idx").exists() and not (tmp_path / "idx.tmp").exists()
+
+
+def test_the_runs_search_tools_follow_a_restarted_retriever(server, world_index, tmp_path):
+    """`use_run_retriever`: the address is read again for every request, so a retriever the
+    launcher restarted on a new port is found (the old client kept retrying the dead address)."""
+    from agent_r1.retrieval.client import default_retriever, use_run_retriever
+    from agent_r1.train.config import load_config
+    from agent_r1.train.run_dir import RunDir
+
+    cfg = load_config(
+        ["+experiment=hotpotqa_steppo", f"retrieval.index={world_index}", "retrieval.serve=true"]
+    )
+    rd = RunDir.at(tmp_path)
+    rd.retriever_file.parent.mkdir(parents=True, exist_ok=True)
+    rd.api_key_file.parent.mkdir(parents=True, exist_ok=True)
+    rd.api_key_file.write_text(KEY)  # the run's key, which its retriever requires
+    rd.retriever_file.write_text(json.dumps({"url": "http://127.0.0.1:9"}))  # the one that died
+    try:
+        use_run_retriever(cfg, rd)
+        r = default_retriever()
+        r.retries, r.timeout_s = 0, 2
+        with pytest.raises(RetrievalError, match="127.0.0.1:9 failed"):
+            asyncio.run(r.search(["x"], 1))
+        rd.retriever_file.write_text(json.dumps({"url": server}))  # restarted, on another port
+        hits = asyncio.run(r.search(["university"], 3))[0]
+        assert len(hits) == 3
+    finally:
+        set_default(None)
