@@ -8,10 +8,18 @@ it cost. Reward 1.0 iff the game is won, at the terminal step; at most 20 steps 
 to 50 as ALFWorld allows). Each step records its state as ``info.anchor_obs`` (the observation and
 the admissible commands), so GiGPO groups the steps of a group's trajectories that stand in the
 same state.
+
+The engine is synchronous: each command runs on the process's one engine thread (the event loop,
+and with it every other episode of the worker, goes on meanwhile), with ``step_timeout_s`` per
+call. An engine that fails or does not answer in time ends the episode marked ``env_error`` (the
+rollout worker counts and drops it, as for a dead WebShop site) and its game is discarded, never
+pooled again.
 """
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from agent_r1.agent.context import Turn
@@ -26,6 +34,9 @@ from recipes.alfworld.data import TOOLS as RECIPE_TOOLS
 from recipes.alfworld.world import POOL, State, World, split_intro
 
 MAX_STEPS_CAP = 50  # ALFWorld's own episode limit
+# one thread: the engines of a process never step concurrently (as before: TextWorld and the
+# planner keep module-level state), and a hung step holds this thread only
+_ENGINE = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alfworld-engine")
 
 
 @TOOLS.register("alfworld_env_step")
@@ -51,13 +62,17 @@ class AlfWorldEnv(ToolEnv):
     CHAT_CONTINUES = False
 
     def __init__(self, codec: Any, data: str | None = None, games_seed: int = 0, games: list[int] | None = None,
-                 max_receptacles: int = MAX_RECEPTACLES, **kwargs: Any):  # fmt: skip
+                 max_receptacles: int = MAX_RECEPTACLES, step_timeout_s: float = 60.0, **kwargs: Any):  # fmt: skip
         kwargs.setdefault("tools", list(RECIPE_TOOLS))
         kwargs.setdefault("max_steps", 20)
         kwargs.setdefault("max_calls_per_step", 1)
         kwargs.setdefault("system_prompt", SYSTEM)
         if not 1 <= kwargs["max_steps"] <= MAX_STEPS_CAP:
             raise ValueError(f"alfworld: max_steps must be in 1..{MAX_STEPS_CAP}, got {kwargs['max_steps']}")
+        if not step_timeout_s > 0:
+            raise ValueError(f"alfworld: step_timeout_s must be > 0, got {step_timeout_s}")
+        # the env_step call's own limit must not cut the engine's short: this env ends the episode
+        kwargs.setdefault("tool_timeout_s", step_timeout_s + 5.0)
         super().__init__(codec, context="rewrite", **kwargs)
         self.where = {
             "data": data,
@@ -66,23 +81,37 @@ class AlfWorldEnv(ToolEnv):
             "max_receptacles": max_receptacles,
         }
         self.tools["env_step"].env = self
+        self.step_timeout_s = step_timeout_s
         self.world: World | None = None
         self.state: State | None = None
         self.task, self.room = "", ""
         self.actions: list[str] = []
         self.error: str | None = None
+        self.env_error: str | None = None
 
     def reset(self, prompt: list[dict[str, Any]] | None = None, **row: Any) -> Observation:
         extra = row.get("extra_info") or {}
         if "game" not in extra:
             raise ValueError("alfworld: the row's extra_info names no game")
         self.start_history(prompt)
-        if self.world is not None:
-            POOL.give(self.world)
-        self.world = POOL.take(gamefile(self.where, extra))
-        self.state = self.world.reset()
+        old, path = self.world, gamefile(self.where, extra)
+
+        def load() -> tuple[World, State]:  # on the engine thread, like every use of a game
+            if old is not None:
+                POOL.give(old)
+            world = POOL.take(path)
+            return world, world.reset()
+
+        self.world = None
+        try:  # reset is synchronous (ToolEnv's interface): wait here, as the load always did
+            self.world, self.state = _ENGINE.submit(load).result(timeout=self.step_timeout_s)
+        except TimeoutError:
+            raise RuntimeError(
+                f"alfworld: the game engine did not load {path} within {self.step_timeout_s:g} s "
+                "(is an earlier step hung?)"
+            ) from None
         self.room, self.task = split_intro(self.state.feedback)
-        self.actions, self.error, self.num_steps = [], None, 0
+        self.actions, self.error, self.env_error, self.num_steps = [], None, None, 0
         self._render()
         return self.context.observation(self.history)
 
@@ -101,15 +130,34 @@ class AlfWorldEnv(ToolEnv):
         command = " ".join(command.strip().split())
         if command not in self.state.admissible:
             raise ToolError(f"'{command}' is not an admissible command now; nothing happens")
-        self.state = self.world.step(command)
+        world = self.world
+        step = asyncio.get_running_loop().run_in_executor(_ENGINE, world.step, command)
+        try:
+            self.state = await asyncio.wait_for(step, self.step_timeout_s)
+        except (TimeoutError, asyncio.CancelledError) as e:  # hung (or the call was cut short)
+            self._lose_world(f"the game engine did not answer '{command}' within {self.step_timeout_s:g} s")
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            raise ToolError(self.env_error) from None
+        except Exception as e:  # noqa: BLE001 - the engine itself failed: the game is unusable
+            self._lose_world(f"the game engine failed on '{command}': {type(e).__name__}: {e}")
+            raise ToolError(self.env_error) from None
         self.actions.append(command)
         return ToolOutput(self.state.feedback, None, {"won": self.state.won})
+
+    def _lose_world(self, why: str) -> None:
+        """The engine broke under this episode: the game is dropped (its step may still be running
+        on the engine thread) and the episode ends as an environment error."""
+        self.env_error, self.world = why, None
 
     async def step(self, action: Action) -> StepResult:
         anchor = self.anchor()
         res = await super().step(action)
         res.info["anchor_obs"] = anchor
-        if self.state.won:
+        if self.env_error is not None:  # not the policy's doing: the episode is not trained on
+            res.observation, res.done, res.reward = None, True, 0.0
+            res.info["env_error"] = self.env_error
+        elif self.state.won:
             res.observation, res.done, res.reward = None, True, 1.0
             res.info["reward"] = {"correct": True, "metrics": {"steps_to_win": len(self.actions)}}
         elif res.done:  # out of steps
@@ -123,9 +171,13 @@ class AlfWorldEnv(ToolEnv):
         self._render()
 
     async def close(self) -> None:
-        if self.world is not None:
-            POOL.give(self.world)
+        if self.world is not None:  # back to the pool, after any step of it still queued
+            given = asyncio.wrap_future(_ENGINE.submit(POOL.give, self.world))
             self.world = None
+            try:
+                await asyncio.wait_for(given, self.step_timeout_s)
+            except TimeoutError:  # the engine is stuck elsewhere: the game goes back when it frees
+                pass
         await super().close()
 
     def answer_allowed(self) -> bool:

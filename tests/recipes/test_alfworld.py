@@ -293,3 +293,48 @@ def test_the_handcoded_expert_is_seeded_per_game():
     random.seed(5)
     plans = {D._handcoded_plan(path) for _ in range(3)}
     assert len(plans) == 1 and random.random() == before
+
+
+def test_a_hung_engine_ends_the_episode_as_an_environment_error(codec, monkeypatch):
+    """The engine steps on its own thread with a per-call limit: a command it does not answer in
+    time ends the episode marked env_error (the rollout worker drops it), the game is not pooled
+    again, other episodes' event loop never waited on it, and the next episode plays normally."""
+    import dataclasses
+    import threading
+    import time
+
+    from recipes.alfworld.world import POOL, World
+
+    row = D.build_rows("train", 1, 0, games=SMALL)[0]
+    row = dataclasses.replace(row, env_kwargs={**row.env_kwargs, "step_timeout_s": 0.5})
+    demo = D.demonstrations([row])[0]
+    release = threading.Event()
+    real = World.step
+
+    def hung(self, command):
+        release.wait(30)  # an engine that does not answer
+        return real(self, command)
+
+    monkeypatch.setattr(World, "step", hung)
+    ticks = []
+
+    async def play_and_tick():
+        async def tick():  # the event loop keeps running while the engine is stuck
+            for _ in range(20):
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.02)
+
+        flow = AGENTS.get(row.agent_name).build(ScriptedPolicy(codec, demo), codec, FLOW)
+        t, _ = await asyncio.gather(flow.run(row, "hung", "g"), tick())
+        return t
+
+    pooled_before = sum(len(v) for v in POOL.idle.values())
+    t = asyncio.run(play_and_tick())
+    assert len(t.steps) == 1 and t.steps[0].done and t.metrics.get("env_error") == 1.0
+    assert "did not answer" in t.steps[0].info["env_error"] and t.steps[0].reward == 0.0
+    assert len(ticks) == 20 and max(b - a for a, b in zip(ticks, ticks[1:])) < 0.4
+    release.set()
+    monkeypatch.setattr(World, "step", real)
+    again = _play(codec, row, demo, "after")  # the engine thread is free again
+    assert again.metrics["success"] == 1.0 and "env_error" not in again.metrics
+    assert sum(len(v) for v in POOL.idle.values()) <= pooled_before + 1  # the hung game was not pooled
