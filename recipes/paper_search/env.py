@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from agent_r1.agent.context import History, Turn
+from agent_r1.agent.context import Turn
 from agent_r1.agent.env import ENVS
 from agent_r1.agent.flow import AGENTS, AgentEnvLoop, AgentSpec
 from agent_r1.agent.tool_env import ToolEnv
@@ -98,12 +98,11 @@ class PaperSearchEnv(ToolEnv):
     def reset(
         self, prompt: list[dict[str, Any]] | None = None, reward_model: dict | None = None, **row: Any
     ) -> Observation:
-        messages = [m for m in prompt or [] if m["role"] == "user"]
+        messages = [m for m in self.start_history(prompt) if m["role"] == "user"]  # the row's system turn
         if not messages:
             raise ValueError("paper_search: the row's prompt has no user message (the query)")
         self.query = messages[-1]["content"]
         self.relevant = set((reward_model or {}).get("ground_truth", []))
-        self.history = History(self.codec.encode_system(self.system_prompt, self.tool_schemas))
         self.pool, self.expanded, self.history_lines, self.errors = {}, [], [], []
         self.num_steps = 0
         self._render()

@@ -332,7 +332,7 @@ def test_a_hung_engine_ends_the_episode_as_an_environment_error(codec, monkeypat
     t = asyncio.run(play_and_tick())
     assert len(t.steps) == 1 and t.steps[0].done and t.metrics.get("env_error") == 1.0
     assert "did not answer" in t.steps[0].info["env_error"] and t.steps[0].reward == 0.0
-    assert len(ticks) == 20 and max(b - a for a, b in zip(ticks, ticks[1:])) < 0.4
+    assert len(ticks) == 20 and max(b - a for a, b in zip(ticks, ticks[1:], strict=False)) < 0.4
     release.set()
     monkeypatch.setattr(World, "step", real)
     again = _play(codec, row, demo, "after")  # the engine thread is free again

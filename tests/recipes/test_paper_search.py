@@ -214,3 +214,14 @@ def test_dead_llm_selector_is_error_feedback(codec, paper_index, tiny_model_dir)
     traj = _run(codec, row, script, selector="llm", selector_kwargs=kwargs)
     assert len(traj.steps) == 2 and traj.steps[0].reward == 0.0  # nothing scored, nothing paid
     assert "the selector failed" in codec.decode(traj.steps[1].obs_token_ids)
+
+
+def test_a_rows_own_system_message_is_the_system_turn(codec, paper_index):
+    rows = D.build_rows("test", 1, seed=0)
+    script = D.demonstrations(rows, expand_rate=1.0)[0]
+    own = type(rows[0])(**{**rows[0].__dict__, "prompt": [
+        {"role": "system", "content": "You find papers for a reviewer. Be thorough."}, rows[0].prompt[-1]]})  # fmt: skip
+    first = codec.decode(_run(codec, own, script).steps[0].obs_token_ids)
+    assert "You find papers for a reviewer. Be thorough." in first and D.SYSTEM not in first
+    default = codec.decode(_run(codec, rows[0], script).steps[0].obs_token_ids)
+    assert D.SYSTEM in default  # the recipe's rows carry its default system prompt
