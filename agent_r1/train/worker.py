@@ -117,24 +117,48 @@ class Worker:
         log.info("worker %d: stop requested", self.index)
 
     async def run_task(self, task: RolloutTask) -> dict[str, Any]:
-        from agent_r1.agent.episodes import run_episodes
-        from agent_r1.agent.flow import FlowConfig
-        from agent_r1.agent.types import SamplingParams
-        from agent_r1.records.schema import EXTRA_FIELDS, records_to_table
+        """This worker's share of a task: episodes → (teacher logprobs) → one committed shard."""
+        from agent_r1.records.schema import records_to_table
         from agent_r1.records.shard import committed_shards, shard_name, write_shard
-        from agent_r1.rollout.client import RolloutClient, RolloutError, discover_servers
-        from agent_r1.rollout.router import router_url
 
         out_dir = self.rd.root / task.records_subdir
-        mine = shard_name(self.index)
-        done = [m for m in committed_shards(out_dir, task.iteration) if m.name == mine]
+        done = [m for m in committed_shards(out_dir, task.iteration) if m.name == shard_name(self.index)]
         if done:  # committed before a restart: never generate (or train) a record twice
             log.info("%s: shard already committed (%d rows), acknowledging", task.name, done[0].rows)
             return {"reused": True, "rows": done[0].rows}
         t0 = time.time()
+        trajs = await self._episodes(task)
+        gen_s = time.time() - t0
+        trajs, errored = drop_env_errors(task.name, trajs)
+        table = records_to_table([s for t in trajs for s in t.steps])
+        if task.teacher:
+            table = await self._with_teacher_logprobs(table, trajs)
+        meta = write_shard(out_dir, task.iteration, self.index, table)
+        metrics = episode_stats(trajs)
+        metrics.update(
+            rows=meta.rows, generate_s=gen_s, total_s=time.time() - t0, env_errors=float(len(errored))
+        )
+        log.info(
+            "%s: %d episodes, success %.3f, %d rows, %.1f s",
+            task.name,
+            len(trajs),
+            metrics["success"] / max(len(trajs), 1),
+            meta.rows,
+            metrics["total_s"],
+        )
+        return metrics
+
+    async def _episodes(self, task: RolloutTask) -> list[Any]:
+        """Run this worker's rows of ``task`` on servers holding its weight version; when every
+        server it had dies, run the share again on the live ones (nothing was committed)."""
+        from agent_r1.agent.episodes import run_episodes
+        from agent_r1.agent.flow import FlowConfig
+        from agent_r1.agent.types import SamplingParams
+        from agent_r1.rollout.client import RolloutClient, RolloutError, discover_servers
+        from agent_r1.rollout.router import router_url
+
         rc = self.cfg.rollout
-        share = task.share(self.index)
-        rows = [self.rows(task.split)[r] for _, r in share]
+        rows = [self.rows(task.split)[r] for _, r in task.share(self.index)]
         sampling = SamplingParams(
             temperature=task.temperature,
             top_p=task.top_p,
@@ -170,7 +194,7 @@ class Worker:
                 api_key=self.api_key,
             )
             try:
-                trajs = await run_episodes(
+                return await run_episodes(
                     rows,
                     client,
                     self.codec,
@@ -181,8 +205,7 @@ class Worker:
                     progress=False,
                     on_episode=on_episode,
                 )
-                break
-            except RolloutError as e:  # every server it had died: start over with the live ones
+            except RolloutError as e:
                 if attempt == self.MAX_ATTEMPTS:
                     raise
                 log.warning(
@@ -194,30 +217,20 @@ class Worker:
                 )
             finally:
                 await client.close()
-        gen_s = time.time() - t0
-        trajs, errored = drop_env_errors(task.name, trajs)
-        table = records_to_table([s for t in trajs for s in t.steps])
-        if task.teacher:
-            teachers = discover_servers(self.rd.root, self.rd.teachers.name)
-            tclient = RolloutClient(servers=teachers, timeout_s=rc.request_timeout_s, api_key=self.api_key)
-            try:
-                lps = await teacher_logprobs(tclient, trajs)
-            finally:
-                await tclient.close()
-            table = table.append_column(
-                EXTRA_FIELDS["teacher_logprobs"], pa.array(lps, EXTRA_FIELDS["teacher_logprobs"].type)
-            )
-        meta = write_shard(out_dir, task.iteration, self.index, table)
-        metrics = episode_stats(trajs)
-        metrics.update(
-            rows=meta.rows, generate_s=gen_s, total_s=time.time() - t0, env_errors=float(len(errored))
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _with_teacher_logprobs(self, table: pa.Table, trajs: list[Any]) -> pa.Table:
+        """``table`` with the OPD teacher's logprobs of every sampled action token as a column."""
+        from agent_r1.records.schema import EXTRA_FIELDS
+        from agent_r1.rollout.client import RolloutClient, discover_servers
+
+        teachers = discover_servers(self.rd.root, self.rd.teachers.name)
+        client = RolloutClient(
+            servers=teachers, timeout_s=self.cfg.rollout.request_timeout_s, api_key=self.api_key
         )
-        log.info(
-            "%s: %d episodes, success %.3f, %d rows, %.1f s",
-            task.name,
-            len(trajs),
-            metrics["success"] / max(len(trajs), 1),
-            meta.rows,
-            metrics["total_s"],
-        )
-        return metrics
+        try:
+            lps = await teacher_logprobs(client, trajs)
+        finally:
+            await client.close()
+        field = EXTRA_FIELDS["teacher_logprobs"]
+        return table.append_column(field, pa.array(lps, field.type))
