@@ -221,12 +221,15 @@ class _VocabParallelLogprob(torch.autograd.Function):
     def backward(ctx, g_lp: torch.Tensor | None, g_ent: torch.Tensor | None):
         ex, z, local, inside, sumexp, lse, entropy = ctx.saved_tensors
         # p_j = ex_j / sumexp;  d logprob / d z_j = 1[j = target] - p_j;  d H / d z_j = -p_j (log p_j + H)
+        # The gradient is written into ``ex`` (rows x vocab, the largest tensor of the step): this
+        # graph is backpropagated once, and a second backward would fail the saved-tensor check.
         coef = torch.zeros_like(sumexp) if g_lp is None else -g_lp
         if g_ent is None:
-            grad = ex * (coef / sumexp).unsqueeze(-1)
+            grad = ex.mul_((coef / sumexp).unsqueeze(-1))
         else:  # log p_j + H = z_j - lse + H
             shift = (entropy - lse).unsqueeze(-1)
-            grad = ex * (coef.unsqueeze(-1) - (z + shift) * g_ent.unsqueeze(-1)) / sumexp.unsqueeze(-1)
+            w = z.add_(shift).mul_(-g_ent.unsqueeze(-1)).add_(coef.unsqueeze(-1))  # in place too
+            grad = ex.mul_(w).div_(sumexp.unsqueeze(-1))
         if g_lp is not None:
             grad.scatter_add_(-1, local.unsqueeze(-1), (g_lp * inside).unsqueeze(-1))
         return grad, None, None, None
