@@ -37,6 +37,7 @@ MAX_STEPS_CAP = 50  # ALFWorld's own episode limit
 # one thread: the engines of a process never step concurrently (as before: TextWorld and the
 # planner keep module-level state), and a hung step holds this thread only
 _ENGINE = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alfworld-engine")
+LOAD_TIMEOUT_S = 120.0  # a game load (~0.25 s) waits this long for the engine thread at most
 
 
 @TOOLS.register("alfworld_env_step")
@@ -103,12 +104,12 @@ class AlfWorldEnv(ToolEnv):
             return world, world.reset()
 
         self.world = None
+        limit = max(self.step_timeout_s, LOAD_TIMEOUT_S)
         try:  # reset is synchronous (ToolEnv's interface): wait here, as the load always did
-            self.world, self.state = _ENGINE.submit(load).result(timeout=self.step_timeout_s)
-        except TimeoutError:
+            self.world, self.state = _ENGINE.submit(load).result(timeout=limit)
+        except TimeoutError:  # the engine thread is stuck: the worker fails and is restarted
             raise RuntimeError(
-                f"alfworld: the game engine did not load {path} within {self.step_timeout_s:g} s "
-                "(is an earlier step hung?)"
+                f"alfworld: the game engine did not load {path} within {limit:g} s (is an earlier step hung?)"
             ) from None
         self.room, self.task = split_intro(self.state.feedback)
         self.actions, self.error, self.env_error, self.num_steps = [], None, None, 0

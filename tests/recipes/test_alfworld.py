@@ -305,9 +305,9 @@ def test_a_hung_engine_ends_the_episode_as_an_environment_error(codec, monkeypat
 
     from recipes.alfworld.world import POOL, World
 
-    row = D.build_rows("train", 1, 0, games=SMALL)[0]
-    row = dataclasses.replace(row, env_kwargs={**row.env_kwargs, "step_timeout_s": 0.5})
-    demo = D.demonstrations([row])[0]
+    plain = D.build_rows("train", 1, 0, games=SMALL)[0]
+    row = dataclasses.replace(plain, env_kwargs={**plain.env_kwargs, "step_timeout_s": 0.5})
+    demo = D.demonstrations([plain])[0]
     release = threading.Event()
     real = World.step
 
@@ -335,6 +335,6 @@ def test_a_hung_engine_ends_the_episode_as_an_environment_error(codec, monkeypat
     assert len(ticks) == 20 and max(b - a for a, b in zip(ticks, ticks[1:], strict=False)) < 0.4
     release.set()
     monkeypatch.setattr(World, "step", real)
-    again = _play(codec, row, demo, "after")  # the engine thread is free again
+    again = _play(codec, plain, demo, "after")  # the engine thread is free again
     assert again.metrics["success"] == 1.0 and "env_error" not in again.metrics
     assert sum(len(v) for v in POOL.idle.values()) <= pooled_before + 1  # the hung game was not pooled
