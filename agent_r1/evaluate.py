@@ -175,7 +175,6 @@ def start_server(model: str, max_len: int, dtype: str, threads: int | None) -> t
             preexec_fn=die_with_parent(),
             start_new_session=True,
         )
-    proc.log_path = log_path  # type: ignore[attr-defined]
     deadline = time.time() + 300
     while not ready.exists():
         if proc.poll() is not None:

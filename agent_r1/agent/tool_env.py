@@ -52,6 +52,10 @@ class ToolEnv(AgentEnv):
         self.system_prompt = system_prompt
         self.history = History([])
         self.num_steps = 0
+        # set by an environment whose backing service or engine broke under the episode (a dead
+        # site, a hung game engine): the step ends the episode with ``info.env_error``, and the
+        # rollout worker counts and drops it, so it is never trained on
+        self.env_error: str | None = None
 
     @property
     def tool_schemas(self) -> list[dict[str, Any]]:
@@ -59,8 +63,9 @@ class ToolEnv(AgentEnv):
 
     # ---- episode -------------------------------------------------------------------------------
     def start_history(self, prompt: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-        """A fresh history holding the system turn (the row's own system message, else
+        """A new episode's history holding the system turn (the row's own system message, else
         ``system_prompt``) with the tool schemas; returns the prompt's other messages."""
+        self.env_error = None
         messages = list(prompt or [])
         system = self.system_prompt
         if messages and messages[0]["role"] == "system":
@@ -105,15 +110,18 @@ class ToolEnv(AgentEnv):
         _, feedback = self.codec.encode_tool_results(self._results(outputs))
         await self.observe(outputs, feedback)
 
-        done = self.num_steps >= self.max_steps
         info = {
             "tool_calls": [o.info for o in outputs],
             "num_tool_calls": len(outputs),
             "num_tool_errors": sum(1 for o in outputs if o.info.get("error")),
-            "truncated": done,  # out of steps without a final answer
         }
+        rewards = [o.reward for o in outputs]
+        if self.env_error is not None:  # not the policy's doing: the episode ends here
+            return StepResult(None, 0.0, True, feedback, rewards, {**info, "env_error": self.env_error})
+        done = self.num_steps >= self.max_steps
+        info["truncated"] = done  # out of steps without a final answer
         obs = None if done else self.context.observation(self.history)
-        return StepResult(obs, None if done else 0.0, done, feedback, [o.reward for o in outputs], info)
+        return StepResult(obs, None if done else 0.0, done, feedback, rewards, info)
 
     # ---- chat ----------------------------------------------------------------------------------
     CHAT_CONTINUES = True  # a new user message extends the history (rewrite envs start anew)

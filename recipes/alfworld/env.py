@@ -88,7 +88,6 @@ class AlfWorldEnv(ToolEnv):
         self.task, self.room = "", ""
         self.actions: list[str] = []
         self.error: str | None = None
-        self.env_error: str | None = None
 
     def reset(self, prompt: list[dict[str, Any]] | None = None, **row: Any) -> Observation:
         extra = row.get("extra_info") or {}
@@ -112,7 +111,7 @@ class AlfWorldEnv(ToolEnv):
                 f"alfworld: the game engine did not load {path} within {limit:g} s (is an earlier step hung?)"
             ) from None
         self.room, self.task = split_intro(self.state.feedback)
-        self.actions, self.error, self.env_error, self.num_steps = [], None, None, 0
+        self.actions, self.error, self.num_steps = [], None, 0
         self._render()
         return self.context.observation(self.history)
 
@@ -131,34 +130,33 @@ class AlfWorldEnv(ToolEnv):
         command = " ".join(command.strip().split())
         if command not in self.state.admissible:
             raise ToolError(f"'{command}' is not an admissible command now; nothing happens")
-        world = self.world
-        step = asyncio.get_running_loop().run_in_executor(_ENGINE, world.step, command)
+        step = asyncio.get_running_loop().run_in_executor(_ENGINE, self.world.step, command)
+        hung = f"the game engine did not answer '{command}' within {self.step_timeout_s:g} s"
         try:
             self.state = await asyncio.wait_for(step, self.step_timeout_s)
-        except (TimeoutError, asyncio.CancelledError) as e:  # hung (or the call was cut short)
-            self._lose_world(f"the game engine did not answer '{command}' within {self.step_timeout_s:g} s")
-            if isinstance(e, asyncio.CancelledError):
-                raise
-            raise ToolError(self.env_error) from None
-        except Exception as e:  # noqa: BLE001 - the engine itself failed: the game is unusable
-            self._lose_world(f"the game engine failed on '{command}': {type(e).__name__}: {e}")
+        except asyncio.CancelledError:  # the call's own limit cut it short: as hung
+            self._lose_world(hung)
+            raise
+        except Exception as e:  # noqa: BLE001 - hung (TimeoutError) or failed: the game is unusable
+            self._lose_world(
+                hung if isinstance(e, TimeoutError) else f"the game engine failed on '{command}': {e!r}"
+            )
             raise ToolError(self.env_error) from None
         self.actions.append(command)
         return ToolOutput(self.state.feedback, None, {"won": self.state.won})
 
     def _lose_world(self, why: str) -> None:
         """The engine broke under this episode: the game is dropped (its step may still be running
-        on the engine thread) and the episode ends as an environment error."""
+        on the engine thread) and ToolEnv ends the episode as an environment error."""
         self.env_error, self.world = why, None
 
     async def step(self, action: Action) -> StepResult:
         anchor = self.anchor()
         res = await super().step(action)
         res.info["anchor_obs"] = anchor
-        if self.env_error is not None:  # not the policy's doing: the episode is not trained on
-            res.observation, res.done, res.reward = None, True, 0.0
-            res.info["env_error"] = self.env_error
-        elif self.state.won:
+        if self.env_error is not None:  # ended by ToolEnv: not scored, not trained on
+            return res
+        if self.state.won:
             res.observation, res.done, res.reward = None, True, 1.0
             res.info["reward"] = {"correct": True, "metrics": {"steps_to_win": len(self.actions)}}
         elif res.done:  # out of steps

@@ -92,7 +92,6 @@ class WebShopEnv(ToolEnv):
         self.session: LocalSession | RemoteSession | None = None
         self.actions: list[str] = []
         self.errors: list[str] = []
-        self.env_error: str | None = None
 
     def reset(self, prompt: list[dict[str, Any]] | None = None, **row: Any) -> Observation:
         goal = (row.get("extra_info") or {}).get("goal")
@@ -104,7 +103,7 @@ class WebShopEnv(ToolEnv):
             self.session = RemoteSession(url, Goal(**goal), _ENV_SERVER.get("api_key"))
         else:
             self.session = LocalSession(shop_for(*self.where), Goal(**goal))
-        self.actions, self.errors, self.env_error = [], [], None
+        self.actions, self.errors = [], []
         self.num_steps = 0
         self._render()
         return self.context.observation(self.history)
@@ -141,10 +140,9 @@ class WebShopEnv(ToolEnv):
         res = await super().step(action)
         res.info["anchor_obs"] = anchor
         s = self.session.snap
-        if self.env_error is not None:  # the site is gone: the episode ends, and is not trained on
-            res.observation, res.done, res.reward = None, True, 0.0
-            res.info["env_error"] = self.env_error
-        elif s.page == "done":  # bought: the episode ends with WebShop's score
+        if self.env_error is not None:  # the site is gone: ended by ToolEnv, not trained on
+            return res
+        if s.page == "done":  # bought: the episode ends with WebShop's score
             won = s.reward == 1.0
             res.observation, res.done = None, True
             res.reward = (SUCCESS_REWARD if won else 0.0) + self.score_reward * s.reward
