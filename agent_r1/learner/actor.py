@@ -340,7 +340,9 @@ class Actor:
         dist.barrier()
         model_sd = self.module.sharded_state_dict()
         state = {"model": model_sd}
-        if with_optimizer and self.optimizer is not None:
+        # an optimizer that never stepped (a critic after the warm start) has no state to save
+        with_optimizer = with_optimizer and self.optimizer is not None and self.steps > 0
+        if with_optimizer:
             state["optimizer"] = self.optimizer.sharded_state_dict(
                 model_sd, metadata={"distrib_optim_sharding_type": "dp_reshardable"}
             )
@@ -350,7 +352,7 @@ class Actor:
             meta = {
                 "steps": self.steps,
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-                "with_optimizer": with_optimizer and self.optimizer is not None,
+                "with_optimizer": with_optimizer,
                 "tp": self.bridge.tp,
                 "pp": self.bridge.pp,
                 "trainer": trainer_state or {},

@@ -232,10 +232,12 @@ class Trainer:
         return _bcast(success)
 
     def checkpoint(self, iteration: int) -> None:
+        """Save after ``iteration`` (-1: after the warm start, before any RL iteration; saved as
+        ``iter_000000``, and a resume starts at iteration 0)."""
         self.state["iteration"] = iteration
         self.state["reward_scaling"] = self.learner.reward_scaling_state()
         self.state["wall_seconds"] = self.wall()
-        self.learner.save(checkpoint_path(self.rd, iteration), dict(self.state))
+        self.learner.save(checkpoint_path(self.rd, max(iteration, 0)), dict(self.state))
         if self.rank == 0:  # keep the newest K
             import shutil
 
@@ -263,6 +265,8 @@ class Trainer:
         if not self.state["eval"]:
             self.evaluate(first - 1)
         preempted = False
+        if tr.iterations == 0 and self.state["sft_done"] and not iteration_dirs(self.rd.checkpoints):
+            self.checkpoint(-1)  # a warm start alone: export it and share it (model.path, sft.steps=0)
         for it in range(first, tr.iterations):
             t_iter, times = time.time(), {}
             pooled = self.rollout(it, times)  # this iteration's records (prefetched in async mode)

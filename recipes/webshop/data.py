@@ -108,9 +108,12 @@ def oracle(goal: Goal, shop: Any) -> list[str]:
     )  # fmt: skip
 
 
-def demonstrations(rows: list[DataRow], seed: int = 0, wrong_rate: float = 0.0) -> list[list[str]]:
-    """The oracle's purchases as env_step calls. With ``wrong_rate`` a noisy shopper: that often it
-    buys the first search result instead (often another product: a low score)."""
+def demonstrations(rows: list[DataRow], seed: int = 0, wrong_rate: float = 0.0,
+                   option_noise: float = 0.0) -> list[list[str]]:  # fmt: skip
+    """The oracle's purchases as env_step calls. A noisy shopper: with ``wrong_rate`` it buys the
+    first search result instead (often another product: a low score); with ``option_noise`` it
+    picks each option of the product it opens at random among the values the page shows (right by
+    chance only: a lower option score)."""
     from recipes.webshop.env import shop_for
 
     rng = random.Random(seed)
@@ -124,7 +127,26 @@ def demonstrations(rows: list[DataRow], seed: int = 0, wrong_rate: float = 0.0) 
         if rng.random() < wrong_rate:
             first = shop.engine.search(" ".join([goal.query, *goal.attributes]))[0]
             actions = [actions[0], f"click[{first.asin.lower()}]", "click[buy now]"]
+        elif option_noise:
+            actions = _noisy_options(actions, shop, option_noise, rng)
         out.append([format_tool_call("env_step", {"command": a}) for a in actions])
+    return out
+
+
+def _noisy_options(actions: list[str], shop: Any, rate: float, rng: random.Random) -> list[str]:
+    """``actions`` with each option click replaced, at ``rate``, by a click on a value of the same
+    option drawn uniformly from the opened product's values."""
+    opened = next(
+        a[len("click[") : -1].upper() for a in actions if a[len("click[") : -1].upper() in shop.products
+    )
+    options = shop.products[opened].options
+    out = []
+    for a in actions:
+        value = a[len("click[") : -1]
+        name = next((n for n, vs in options.items() if value in vs), None)
+        if name is not None and rng.random() < rate:
+            a = f"click[{rng.choice(options[name])}]"
+        out.append(a)
     return out
 
 

@@ -259,3 +259,30 @@ def test_training_with_another_chat_format(chat_format, tmp_path):
     calls = [c for x in sft.column("info").to_pylist() for c in json.loads(x).get("tool_calls", [])]
     assert calls and all(c["name"] == "calculator" and not c.get("error") for c in calls)
     assert s["eval_success_end"] is not None
+
+
+def test_a_warm_start_alone_is_checkpointed_exported_and_shared(tiny_model_dir, tmp_path):
+    """``trainer.iterations=0``: the warm start and its evaluation only, checkpointed (a resume
+    starts at iteration 0); its export is the shared starting point of another run
+    (``model.path``, ``sft.steps=0``), whose greedy evaluation before RL scores it the same."""
+    import sys
+
+    warm, shared = tmp_path / "warm", tmp_path / "shared"
+    steppo = "algorithm=steppo"  # with a critic, whose optimizer has not stepped yet
+    r = train(reduced(tiny_model_dir, warm, steppo, "trainer.iterations=0", "sft.steps=20"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    meta = json.loads((warm / "checkpoints" / "iter_000000" / "agent_r1_state.json").read_text())
+    state = meta["trainer"]
+    assert state["iteration"] == -1 and state["sft_done"] and len(state["eval"]) == 1 and meta["steps"] == 20
+    assert not (warm / "records").exists() or not list((warm / "records").glob("iter_*"))
+    out = tmp_path / "warm_hf"
+    e = subprocess.run([sys.executable, "-m", "agent_r1.cli", "export", str(warm), "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert e.returncode == 0, e.stderr[-3000:]
+    r2 = train(reduced(out, shared, steppo, "sft.steps=0", "trainer.iterations=1"))
+    s = check_finished(r2, shared, 1)
+    assert s["eval_success_start"] == state["eval"][0][1]
+    # resuming the warm-start run trains from iteration 0 without a second warm start
+    r3 = train(reduced(tiny_model_dir, warm, steppo, "trainer.iterations=1", "sft.steps=20"))
+    check_finished(r3, warm, 1)
+    assert "warm start:" not in (warm / "logs" / "learner_0.log").read_text().split("resumed from")[-1]

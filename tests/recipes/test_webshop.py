@@ -311,3 +311,32 @@ def test_score_reward_shapes_the_purchase(codec):
     score = bent.steps[-1].info["reward"]["metrics"]["score"]
     assert score < 1.0 and plain.steps[-1].reward == 0.0 and bent.metrics["success"] == 0.0
     assert bent.steps[-1].reward == pytest.approx(2.0 * score)
+
+
+def _command(call: str) -> str:
+    return json.loads(call.split("<tool_call>")[-1].split("</tool_call>")[0])["arguments"]["command"]
+
+
+def test_option_noise_picks_values_the_page_shows():
+    """``option_noise=1``: every option click is a value of the same option of the product the
+    shopper opened (the instruction's one only by chance); the rest of the oracle's path stays."""
+    from recipes.webshop.env import shop_for
+
+    rows = D.build_rows("train", 60, 0)
+    good = [[_command(c) for c in d] for d in D.demonstrations(rows)]
+    noisy = [[_command(c) for c in d] for d in D.demonstrations(rows, option_noise=1.0)]
+    shop = shop_for(None, 0, False)
+    changed = 0
+    for g, n in zip(good, noisy, strict=True):
+        assert len(g) == len(n) and g[0] == n[0] and g[-1] == n[-1] == "click[buy now]"
+        opened = next(
+            a[len("click[") : -1].upper() for a in g if a[len("click[") : -1].upper() in shop.products
+        )
+        options = shop.products[opened].options
+        for a, b in zip(g, n, strict=True):
+            if a != b:
+                changed += 1
+                va, vb = a[len("click[") : -1], b[len("click[") : -1]
+                assert any(va in vs and vb in vs for vs in options.values()), (a, b)
+    assert changed >= 30  # most of the ~100 option clicks land on another value
+    assert [[_command(c) for c in d] for d in D.demonstrations(rows, option_noise=0.0)] == good
