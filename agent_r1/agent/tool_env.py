@@ -95,9 +95,14 @@ class ToolEnv(AgentEnv):
         self.history.turns.append(Turn("assistant", ids, action.text))
 
         calls = self.codec.parse_tool_calls(action.text)
-        if action.finish_reason.is_truncated() or (not calls and self.answer_allowed()):
-            # no call: the agent answered; a cut action cannot be trusted to hold a whole call
-            return StepResult(None, None, True, info={"truncated": action.finish_reason.is_truncated()})
+        if action.finish_reason.is_truncated():
+            # a cut action cannot be trusted to hold a whole call: the episode ends. Where only the
+            # environment ends episodes (no answers), the cut costs what an invalid call costs:
+            # else cutting itself short is the cheap way out of an episode that collects penalties
+            cut = -abs(self.error_penalty) if self.error_penalty and not self.answer_allowed() else None
+            return StepResult(None, cut, True, info={"truncated": True})
+        if not calls and self.answer_allowed():  # no call: the agent answered
+            return StepResult(None, None, True, info={"truncated": False})
 
         if calls:
             outputs = await asyncio.gather(*(self._run_call(c) for c in calls[: self.max_calls_per_step]))

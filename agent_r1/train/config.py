@@ -341,6 +341,10 @@ class TrainerConfig:
     progress: bool = True
     timeout_s: float = 1800.0  # waiting on another role
     plot: bool = True  # PNG curve at the end
+    # a wall-clock budget in seconds for the whole run (warm start included, over every launch);
+    # 0 = none. The run ends, evaluated and checkpointed, after the iteration that leaves no room
+    # for another one of the same length: runs of different algorithms compare at the same cost.
+    max_wall_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check(self.iterations >= 0, "trainer.iterations", "must be >= 0")
@@ -355,6 +359,9 @@ class TrainerConfig:
             f"auto, never or an existing checkpoint path, got {self.resume!r}",
         )
         _check(self.keep_checkpoints >= 1, "trainer.keep_checkpoints", "must be >= 1")
+        _check(
+            self.max_wall_s >= 0, "trainer.max_wall_s", f"must be >= 0 (0 = no budget), got {self.max_wall_s}"
+        )
 
 
 @dataclass

@@ -88,6 +88,7 @@ class Trainer:
             "wall_seconds": 0.0,
         }
         self.t_start, self.wall_before = time.time(), 0.0
+        self.budget_spent = False  # trainer.max_wall_s: decided afresh by each launch
         self.codec = None
         if self.rank == 0:
             self.codec = ChatCodec.load(cfg.model.path)
@@ -267,7 +268,11 @@ class Trainer:
         preempted = False
         if tr.iterations == 0 and self.state["sft_done"] and not iteration_dirs(self.rd.checkpoints):
             self.checkpoint(-1)  # a warm start alone: export it and share it (model.path, sft.steps=0)
-        for it in range(first, tr.iterations):
+        if first < tr.iterations and self.out_of_time(0.0):
+            log.warning(
+                "the wall budget (trainer.max_wall_s=%s) is spent: no iteration left to run", tr.max_wall_s
+            )
+        for it in range(first, first if self.budget_spent else tr.iterations):
             t_iter, times = time.time(), {}
             pooled = self.rollout(it, times)  # this iteration's records (prefetched in async mode)
             if pooled is None:  # stopped while waiting for them: keep what is trained
@@ -277,7 +282,7 @@ class Trainer:
                 preempted = True
                 break
             table, m = self.update(it, times)  # read, update, push weights, ledger
-            last = it == tr.iterations - 1
+            last = it == tr.iterations - 1 or self.out_of_time(time.time() - t_iter)
             # a stop request (signal, STOP file): no evaluation (workers may be gone), checkpoint now
             stop = _any_rank(self.stop_requested()) and not last
             if ((tr.eval_every and (it + 1) % tr.eval_every == 0) or last) and not stop:
@@ -296,7 +301,20 @@ class Trainer:
                 )
                 preempted = True
                 break
+            if last and self.budget_spent:
+                log.info(
+                    "wall budget spent after iteration %d (%.0f s of %s)", it, self.wall(), tr.max_wall_s
+                )
+                break
         return self.finish(preempted)
+
+    def out_of_time(self, next_s: float) -> bool:
+        """Whether another iteration of ``next_s`` seconds would overrun ``trainer.max_wall_s``
+        (decided together: every rank stops after the same iteration)."""
+        budget = self.cfg.trainer.max_wall_s
+        if budget > 0 and not self.budget_spent:
+            self.budget_spent = _any_rank(self.wall() + next_s > budget)
+        return self.budget_spent
 
     def finish(self, preempted: bool) -> dict[str, Any]:
         summary = self.summary(preempted)
@@ -371,6 +389,7 @@ class Trainer:
             "eval_success_end": evals[-1][1] if evals else None,
             "eval_curve": evals,
             "wall_seconds": round(self.wall(), 1),
+            "budget_spent": self.budget_spent,
             "preempted": preempted,
             "run_dir": str(self.rd.root),
             "tensorboard": f"tensorboard --logdir {self.rd.tensorboard}",

@@ -159,8 +159,8 @@ class AlfWorldEnv(ToolEnv):
         if self.state.won:
             res.observation, res.done, res.reward = None, True, 1.0
             res.info["reward"] = {"correct": True, "metrics": {"steps_to_win": len(self.actions)}}
-        elif res.done:  # out of steps
-            res.reward = 0.0
+        elif res.done:  # out of steps, or cut (ToolEnv's penalty)
+            res.reward = res.reward or 0.0
             res.info["reward"] = {"correct": False}
         return res
 

@@ -34,20 +34,28 @@ SYSTEM = (
     "options and price."
 )
 TEST_GOALS = 40
+PRODUCTS_PER_KIND = 8  # the offline catalogue: 6 kinds x 8 products, 208 synthetic goals
 
 
 @functools.lru_cache(maxsize=4)
 def catalog(
-    data: str | None = None, seed: int = 0, human: bool = False
+    data: str | None = None, seed: int = 0, human: bool = False, products: int = PRODUCTS_PER_KIND
 ) -> tuple[list[Product], list[Goal], dict[str, float]]:
     """Products, shuffled goals and prices: of WebShop's files in ``data``, or of the offline
-    catalogue generated with ``seed`` (written once to a temporary folder and read back through
-    the same loader)."""
+    catalogue generated with ``seed`` and ``products`` per kind (written once to a temporary
+    folder and read back through the same loader)."""
     if data is None:
-        folder = Path(tempfile.gettempdir()) / f"agent_r1_webshop_catalog_{catalog_version()}_{seed}"
+        if products < 1:
+            raise ValueError(
+                f"webshop: products (per kind of the offline catalogue) must be >= 1, got {products}"
+            )
+        name = f"agent_r1_webshop_catalog_{catalog_version()}_{seed}" + (
+            f"_{products}" if products != PRODUCTS_PER_KIND else ""
+        )
+        folder = Path(tempfile.gettempdir()) / name
         if not (folder / "items_human_ins.json").exists():
             tmp = folder.with_name(folder.name + f".tmp{random.randrange(1 << 30)}")
-            generate_catalog(tmp, seed)
+            generate_catalog(tmp, seed, products)
             try:
                 tmp.replace(folder)
             except OSError:  # another process wrote it first
@@ -58,22 +66,25 @@ def catalog(
     return products, goals, prices
 
 
-def goal_to_row(goal: Goal, split: str, data: str | None, seed: int, human: bool) -> DataRow:
+def goal_to_row(goal: Goal, split: str, data: str | None, seed: int, human: bool,
+                products: int = PRODUCTS_PER_KIND) -> DataRow:  # fmt: skip
     return DataRow(
         prompt=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": goal.instruction_text}],
         agent_name=AGENT,
         reward_model={"style": "env_scored", "ground_truth": goal.asin},
         data_source="webshop",
-        env_kwargs={"data": data, "seed": seed, "human": human},
+        env_kwargs={"data": data, "seed": seed, "human": human}
+        | ({"products": products} if products != PRODUCTS_PER_KIND else {}),
         extra_info={"split": split, "goal": goal.to_json()},
     )
 
 
 def build_rows(split: str = "train", num: int | None = None, seed: int = 0, data: str | None = None,
-               human: bool = False, test_goals: int = TEST_GOALS) -> list[DataRow]:  # fmt: skip
-    _, goals, _ = catalog(data, seed, human)
+               human: bool = False, test_goals: int = TEST_GOALS,
+               products: int = PRODUCTS_PER_KIND) -> list[DataRow]:  # fmt: skip
+    _, goals, _ = catalog(data, seed, human, products)
     chosen = goals[:test_goals] if split == "test" else goals[test_goals:]
-    return [goal_to_row(g, split, data, seed, human) for g in chosen[:num]]
+    return [goal_to_row(g, split, data, seed, human, products) for g in chosen[:num]]
 
 
 def fits(p: Product, goal: Goal, price: float) -> bool:
@@ -120,8 +131,9 @@ def demonstrations(rows: list[DataRow], seed: int = 0, wrong_rate: float = 0.0,
     out = []
     for row in rows:
         goal = Goal(**row.extra_info["goal"])
+        k = row.env_kwargs
         shop = shop_for(
-            row.env_kwargs.get("data"), row.env_kwargs.get("seed", 0), row.env_kwargs.get("human", False)
+            k.get("data"), k.get("seed", 0), k.get("human", False), k.get("products", PRODUCTS_PER_KIND)
         )
         actions = oracle(goal, shop)
         if rng.random() < wrong_rate:
@@ -136,13 +148,11 @@ def demonstrations(rows: list[DataRow], seed: int = 0, wrong_rate: float = 0.0,
 def _noisy_options(actions: list[str], shop: Any, rate: float, rng: random.Random) -> list[str]:
     """``actions`` with each option click replaced, at ``rate``, by a click on a value of the same
     option drawn uniformly from the opened product's values."""
-    opened = next(
-        a[len("click[") : -1].upper() for a in actions if a[len("click[") : -1].upper() in shop.products
-    )
+    clicked = [a[len("click[") : -1] if a.startswith("click[") else None for a in actions]
+    opened = next(c.upper() for c in clicked if c and c.upper() in shop.products)
     options = shop.products[opened].options
     out = []
-    for a in actions:
-        value = a[len("click[") : -1]
+    for a, value in zip(actions, clicked, strict=True):
         name = next((n for n, vs in options.items() if value in vs), None)
         if name is not None and rng.random() < rate:
             a = f"click[{rng.choice(options[name])}]"

@@ -27,7 +27,7 @@ from agent_r1.agent.types import Action, Observation, StepResult
 from agent_r1.tools import TOOLS, ToolError, ToolOutput
 from agent_r1.tools.env_step import EnvStepTool
 from recipes.webshop.catalog import Goal
-from recipes.webshop.data import AGENT, SYSTEM, catalog
+from recipes.webshop.data import AGENT, PRODUCTS_PER_KIND, SYSTEM, catalog
 from recipes.webshop.sessions import EnvServerError, LocalSession, RemoteSession
 from recipes.webshop.shop import Shop
 
@@ -35,9 +35,9 @@ SUCCESS_REWARD, INVALID_PENALTY = 10.0, 0.1
 
 
 @functools.lru_cache(maxsize=4)
-def shop_for(data: str | None, seed: int, human: bool) -> Shop:
-    products, _, prices = catalog(data, seed, human)
-    return Shop(products, prices)
+def shop_for(data: str | None, seed: int, human: bool, products: int = PRODUCTS_PER_KIND) -> Shop:
+    items, _, prices = catalog(data, seed, human, products)
+    return Shop(items, prices)
 
 
 _ENV_SERVER: dict[str, Any] = {}  # the run's environment server: {"url": str | () -> str, "api_key": ...}
@@ -73,7 +73,7 @@ class WebShopEnv(ToolEnv):
     CHAT_CONTINUES = False
 
     def __init__(self, codec: Any, data: str | None = None, seed: int = 0, human: bool = False,
-                 keep_actions: int = 3, server: str | None = None, score_reward: float = 0.0,
+                 products: int = PRODUCTS_PER_KIND, keep_actions: int = 3, server: str | None = None, score_reward: float = 0.0,
                  **kwargs: Any):  # fmt: skip
         kwargs.setdefault("tools", ["env_step"])
         kwargs.setdefault("max_steps", 15)
@@ -81,7 +81,7 @@ class WebShopEnv(ToolEnv):
         kwargs.setdefault("error_penalty", INVALID_PENALTY)
         kwargs.setdefault("system_prompt", SYSTEM)
         super().__init__(codec, context="rewrite", **kwargs)
-        self.where = (data, seed, human)
+        self.where = (data, seed, human, products)
         server_url(server)  # a bad option fails here; each episode asks for the address (it may move)
         self.server = server
         self.tools["env_step"].env = self
@@ -147,8 +147,8 @@ class WebShopEnv(ToolEnv):
             res.observation, res.done = None, True
             res.reward = (SUCCESS_REWARD if won else 0.0) + self.score_reward * s.reward
             res.info["reward"] = {"correct": won, "metrics": {"score": s.reward}, **s.reward_info}
-        elif res.done:  # out of steps without a purchase
-            res.reward = 0.0
+        elif res.done:  # out of steps without a purchase, or cut (ToolEnv's penalty)
+            res.reward = res.reward or 0.0
             res.info["reward"] = {"correct": False, "metrics": {"score": 0.0}}
         return res
 

@@ -28,6 +28,7 @@ from agent_r1.rollout.server import (
     start_site,
 )
 from recipes.webshop.catalog import Goal
+from recipes.webshop.data import PRODUCTS_PER_KIND
 from recipes.webshop.sessions import snapshot
 from recipes.webshop.shop import Session, Shop
 
@@ -101,12 +102,13 @@ class WebShopServer:
 
 def serve(host: str = "127.0.0.1", port: int = 0, ready_file: str | Path | None = None,
           api_key: str | None = None, stop_when: Any = None, data: str | None = None, seed: int = 0,
-          human: bool = False, **_: Any) -> int:  # fmt: skip
+          human: bool = False, products: int = PRODUCTS_PER_KIND, **_: Any) -> int:  # fmt: skip
     """Serve until SIGTERM / Ctrl-C / ``stop_when()``; ``ready_file`` gets ``{"url"}`` once serving.
-    ``data`` / ``seed`` / ``human``: the catalogue (the recipe's options; others are ignored)."""
+    ``data`` / ``seed`` / ``human`` / ``products``: the catalogue (the recipe's options; others are
+    ignored)."""
     from recipes.webshop.env import shop_for
 
-    shop = shop_for(data, seed, human)
+    shop = shop_for(data, seed, human, products)
 
     async def start() -> tuple[Any, str, dict[str, Any]]:
         server = WebShopServer(shop, api_key)

@@ -259,6 +259,20 @@ def test_invalid_actions_cost_and_show(codec):
     assert t.steps[-1].done and t.steps[-1].reward == 0.0 and t.metrics["success"] == 0.0
 
 
+def test_a_cut_action_costs_what_an_invalid_one_costs(codec):
+    """An action cut at ``max_action_tokens`` ends the episode (it cannot be trusted to hold a
+    whole call) and pays the invalid-action penalty: cutting itself short is no cheap way out."""
+    row = D.build_rows("test", 1, 0)[0]
+    script = [format_tool_call("env_step", {"command": "search[a very long query about mugs and lamps]"})]
+    flow = FlowConfig(max_steps=3, max_action_tokens=8, max_obs_tokens=8192)
+    t = asyncio.run(
+        AGENTS.get(row.agent_name).build(ScriptedPolicy(codec, script), codec, flow).run(row, "t", "g")
+    )
+    (s,) = t.steps
+    assert s.finish_reason == "length" and s.done and s.truncated
+    assert s.reward == -0.1 and t.metrics["success"] == 0.0
+
+
 def test_gigpo_step_groups_are_non_trivial_on_a_replayed_group(codec):
     """Two shoppers of one goal: the oracle and a noisy one share the search page and the
     results page, so their first steps fall into step groups of size 2."""
@@ -340,3 +354,29 @@ def test_option_noise_picks_values_the_page_shows():
                 assert any(va in vs and vb in vs for vs in options.values()), (a, b)
     assert changed >= 30  # most of the ~100 option clicks land on another value
     assert [[_command(c) for c in d] for d in D.demonstrations(rows, option_noise=0.0)] == good
+
+
+def test_a_larger_offline_catalogue_reaches_the_env_and_its_oracle_wins(codec):
+    """``products`` (per kind) sizes the offline catalogue: more goals, each row tells the env
+    which catalogue it shops in, and the oracle's purchases there score 1.0 through the agent."""
+    small, large = D.catalog(None, 0, False), D.catalog(None, 0, False, 12)
+    assert len(large[0]) == 12 * len(small[0]) // D.PRODUCTS_PER_KIND
+    # every kind has one goal per combination of its option values
+    assert len(large[1]) == 12 * len(small[1]) // D.PRODUCTS_PER_KIND
+    rows = D.build_rows("train", 6, 0, products=12)
+    assert all(r.env_kwargs["products"] == 12 for r in rows)
+    assert "products" not in D.build_rows("train", 1, 0)[0].env_kwargs  # the default stays implicit
+    assert {r.extra_info["goal"]["asin"] for r in rows} <= {p.asin for p in large[0]}
+    flow = FlowConfig(
+        max_steps=15, max_action_tokens=400, max_obs_tokens=8192, sampling=SamplingParams(max_new_tokens=400)
+    )
+
+    async def run_all():
+        return await asyncio.gather(*(
+            AGENTS.get(r.agent_name).build(ScriptedPolicy(codec, d), codec, flow).run(r, f"t{i}", "g")
+            for i, (r, d) in enumerate(zip(rows, D.demonstrations(rows), strict=True))
+        ))  # fmt: skip
+
+    assert all(t.metrics["success"] == 1.0 for t in asyncio.run(run_all()))
+    with pytest.raises(ValueError, match="products"):
+        D.catalog(None, 0, False, 0)
