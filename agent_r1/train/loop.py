@@ -86,6 +86,7 @@ class Trainer:
             "sft_done": False,
             "eval": [],  # [iteration, success]
             "wall_seconds": 0.0,
+            "iteration_seconds": 0.0,  # the last iteration's length: a resume judges its budget by it
         }
         self.t_start, self.wall_before = time.time(), 0.0
         self.budget_spent = False  # trainer.max_wall_s: decided afresh by each launch
@@ -268,7 +269,7 @@ class Trainer:
         preempted = False
         if tr.iterations == 0 and self.state["sft_done"] and not iteration_dirs(self.rd.checkpoints):
             self.checkpoint(-1)  # a warm start alone: export it and share it (model.path, sft.steps=0)
-        if first < tr.iterations and self.out_of_time(0.0):
+        if first < tr.iterations and self.out_of_time(self.state.get("iteration_seconds", 0.0)):
             log.warning(
                 "the wall budget (trainer.max_wall_s=%s) is spent: no iteration left to run", tr.max_wall_s
             )
@@ -282,7 +283,8 @@ class Trainer:
                 preempted = True
                 break
             table, m = self.update(it, times)  # read, update, push weights, ledger
-            last = it == tr.iterations - 1 or self.out_of_time(time.time() - t_iter)
+            self.state["iteration_seconds"] = time.time() - t_iter
+            last = it == tr.iterations - 1 or self.out_of_time(self.state["iteration_seconds"])
             # a stop request (signal, STOP file): no evaluation (workers may be gone), checkpoint now
             stop = _any_rank(self.stop_requested()) and not last
             if ((tr.eval_every and (it + 1) % tr.eval_every == 0) or last) and not stop:
