@@ -97,9 +97,13 @@ class ToolEnv(AgentEnv):
         calls = self.codec.parse_tool_calls(action.text)
         if action.finish_reason.is_truncated():
             # a cut action cannot be trusted to hold a whole call: the episode ends. Where only the
-            # environment ends episodes (no answers), the cut costs what an invalid call costs:
-            # else cutting itself short is the cheap way out of an episode that collects penalties
-            cut = -abs(self.error_penalty) if self.error_penalty and not self.answer_allowed() else None
+            # environment ends episodes (no answers), the cut costs what an invalid call on every
+            # step left would cost: else cutting itself short is the cheap way out of an episode
+            # that collects penalties (an ALFWorld run collapsed into cut replies when it cost one)
+            left = self.max_steps - self.num_steps + 1
+            cut = (
+                -abs(self.error_penalty) * left if self.error_penalty and not self.answer_allowed() else None
+            )
             return StepResult(None, cut, True, info={"truncated": True})
         if not calls and self.answer_allowed():  # no call: the agent answered
             return StepResult(None, None, True, info={"truncated": False})

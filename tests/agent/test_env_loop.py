@@ -147,6 +147,28 @@ def test_action_budget_and_truncated_action(codec):
     assert len(s.action_token_ids) == 5 and s.finish_reason == "length" and s.done and s.truncated
 
 
+@ENVS.register("test_env_ends_only")
+class EnvEndsOnly(ToolEnv):
+    """Only the environment ends episodes (as WebShop and ALFWorld): a reply without a call is an error."""
+
+    def answer_allowed(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("env, penalty, reward", [
+    ("test_env_ends_only", 0.1, -0.8),  # where only the env ends episodes: an invalid call per step left
+    ("test_env_ends_only", 0.0, 0.0),  # no penalty set: scored like any unanswered episode
+    ("tool", 0.1, 0.0),  # answers allowed: the cut reply is scored as the answer
+])  # fmt: skip
+def test_a_cut_action_ends_the_episode_and_costs_an_invalid_call_per_step_left(codec, env, penalty, reward):
+    policy = ScriptedPolicy(codec, [CALC + " more words to exceed the budget", CALC])
+    flow = AgentEnvLoop(policy, codec, FlowConfig(max_action_tokens=5), env=env)
+    traj = asyncio.run(flow.run(_row({"error_penalty": penalty}), "t", "g"))  # the env's max_steps: 8
+    (s,) = traj.steps
+    assert s.finish_reason == "length" and s.done and s.truncated
+    assert s.reward == pytest.approx(reward)
+
+
 def test_observation_budget_ends_episode(codec):
     long_q = "word " * 300
     _, _, traj = _run(

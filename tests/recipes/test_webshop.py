@@ -259,9 +259,10 @@ def test_invalid_actions_cost_and_show(codec):
     assert t.steps[-1].done and t.steps[-1].reward == 0.0 and t.metrics["success"] == 0.0
 
 
-def test_a_cut_action_costs_what_an_invalid_one_costs(codec):
+def test_a_cut_action_costs_an_invalid_call_per_step_left(codec):
     """An action cut at ``max_action_tokens`` ends the episode (it cannot be trusted to hold a
-    whole call) and pays the invalid-action penalty: cutting itself short is no cheap way out."""
+    whole call) and pays the invalid-action penalty for every step left (15 at the first step):
+    cutting itself short is no cheap way out."""
     row = D.build_rows("test", 1, 0)[0]
     script = [format_tool_call("env_step", {"command": "search[a very long query about mugs and lamps]"})]
     flow = FlowConfig(max_steps=3, max_action_tokens=8, max_obs_tokens=8192)
@@ -270,7 +271,7 @@ def test_a_cut_action_costs_what_an_invalid_one_costs(codec):
     )
     (s,) = t.steps
     assert s.finish_reason == "length" and s.done and s.truncated
-    assert s.reward == -0.1 and t.metrics["success"] == 0.0
+    assert s.reward == pytest.approx(-1.5) and t.metrics["success"] == 0.0
 
 
 def test_gigpo_step_groups_are_non_trivial_on_a_replayed_group(codec):
