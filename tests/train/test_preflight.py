@@ -118,6 +118,25 @@ def test_bad_data_rows_are_named(codec):
         assert any(p.startswith(f"train row {i}:") and what in p for p in problems), (i, text)
 
 
+def test_environment_resets_stop_at_their_time_budget_and_the_other_checks_go_on(codec, caplog):
+    # resets cost real time (an ALFWorld game loads in ~0.3 s): past the budget, rows are still
+    # checked for their agent and reward, and the log says how many first observations were seen
+    rows = [
+        _row(env_kwargs={"tools": ["abacus"]}),
+        _row(reward_model={"style": "math_numbr", "ground_truth": "5"}),
+        _row(agent_name="tool_agnt"),
+    ]
+    flow = FlowConfig(max_steps=3, max_obs_tokens=8, max_action_tokens=4)
+    with caplog.at_level("INFO", logger="agent_r1.preflight"):
+        problems = asyncio.run(_check_rows(rows, "train", codec, flow, reset_budget_s=-1.0))
+    assert len(problems) == 2, problems  # no reset: neither the tool nor the prompt length is judged
+    assert problems[0].startswith("train row 1:") and "'math_numbr' is not a registered reward" in problems[0]
+    assert problems[1].startswith("train row 2:") and "'tool_agnt' is not a registered agent" in problems[1]
+    assert "first observations of 0 of 3 rows checked" in caplog.text
+    with_resets = asyncio.run(_check_rows(rows, "train", codec, flow))
+    assert any(p.startswith("train row 0:") and "abacus" in p for p in with_resets), with_resets
+
+
 def test_prompts_longer_than_the_budget_are_refused(codec):
     flow = FlowConfig(max_steps=3, max_obs_tokens=8, max_action_tokens=4)
     problems = asyncio.run(_check_rows([_row(), _row()], "test", codec, flow))
