@@ -15,8 +15,15 @@ pytest.importorskip("alfworld")
 
 def test_alfworld_short_run(tmp_path):
     run = tmp_path / "run"
+    # the default 120 / 24 / 24 games (the recipe's tests generate them), not the preset's 480 / 48 / 48
     args = reduced(
-        tmp_path / "model", run, preset="alfworld_steppo", build=True, demos=32, action_tokens=None
+        tmp_path / "model",
+        run,
+        "recipe.options.games=null",
+        preset="alfworld_steppo",
+        build=True,
+        demos=32,
+        action_tokens=None,
     )
     s = check_finished(train(args, timeout=600), run, 2)
     assert s["algorithm"] == "steppo"
