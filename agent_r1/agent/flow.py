@@ -150,6 +150,7 @@ class AgentEnvLoop(AgentFlow):
     async def _start(self, row: DataRow) -> tuple[Any, Observation]:
         """The row's environment (defaults + the row's options) and its first observation."""
         env = make_env(self.env_name, self.codec, **{**self.env_kwargs, **row.env_kwargs})
+        env.flow_max_steps = self.config.max_steps
         try:
             return env, env.reset(prompt=row.prompt, reward_model=row.reward_model, extra_info=row.extra_info)
         except BaseException:

@@ -100,7 +100,7 @@ class ToolEnv(AgentEnv):
             # environment ends episodes (no answers), the cut costs what an invalid call on every
             # step left would cost: else cutting itself short is the cheap way out of an episode
             # that collects penalties (an ALFWorld run collapsed into cut replies when it cost one)
-            left = self.max_steps - self.num_steps + 1
+            left = self.steps_allowed() - self.num_steps + 1
             cut = (
                 -abs(self.error_penalty) * left if self.error_penalty and not self.answer_allowed() else None
             )
@@ -131,6 +131,10 @@ class ToolEnv(AgentEnv):
         info["truncated"] = done  # out of steps without a final answer
         obs = None if done else self.context.observation(self.history)
         return StepResult(obs, None if done else 0.0, done, feedback, rewards, info)
+
+    def steps_allowed(self) -> int:
+        """The episode's real step limit: the env's own or the flow's, whichever comes first."""
+        return min(self.max_steps, self.flow_max_steps or self.max_steps)
 
     # ---- chat ----------------------------------------------------------------------------------
     CHAT_CONTINUES = True  # a new user message extends the history (rewrite envs start anew)

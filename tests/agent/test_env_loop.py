@@ -155,14 +155,18 @@ class EnvEndsOnly(ToolEnv):
         return False
 
 
-@pytest.mark.parametrize("env, penalty, reward", [
-    ("test_env_ends_only", 0.1, -0.8),  # where only the env ends episodes: an invalid call per step left
-    ("test_env_ends_only", 0.0, 0.0),  # no penalty set: scored like any unanswered episode
-    ("tool", 0.1, 0.0),  # answers allowed: the cut reply is scored as the answer
+@pytest.mark.parametrize("env, penalty, flow_steps, reward", [
+    ("test_env_ends_only", 0.1, 8, -0.8),  # where only the env ends episodes: an invalid call per step left
+    ("test_env_ends_only", 0.1, 3, -0.3),  # ... counted to the flow's limit when it comes before the env's 8
+    ("test_env_ends_only", 0.1, 20, -0.8),  # ... and to the env's 8 when the flow allows more
+    ("test_env_ends_only", 0.0, 8, 0.0),  # no penalty set: scored like any unanswered episode
+    ("tool", 0.1, 8, 0.0),  # answers allowed: the cut reply is scored as the answer
 ])  # fmt: skip
-def test_a_cut_action_ends_the_episode_and_costs_an_invalid_call_per_step_left(codec, env, penalty, reward):
+def test_a_cut_action_ends_the_episode_and_costs_an_invalid_call_per_step_left(
+    codec, env, penalty, flow_steps, reward
+):
     policy = ScriptedPolicy(codec, [CALC + " more words to exceed the budget", CALC])
-    flow = AgentEnvLoop(policy, codec, FlowConfig(max_action_tokens=5), env=env)
+    flow = AgentEnvLoop(policy, codec, FlowConfig(max_steps=flow_steps, max_action_tokens=5), env=env)
     traj = asyncio.run(flow.run(_row({"error_penalty": penalty}), "t", "g"))  # the env's max_steps: 8
     (s,) = traj.steps
     assert s.finish_reason == "length" and s.done and s.truncated

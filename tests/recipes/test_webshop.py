@@ -261,8 +261,8 @@ def test_invalid_actions_cost_and_show(codec):
 
 def test_a_cut_action_costs_an_invalid_call_per_step_left(codec):
     """An action cut at ``max_action_tokens`` ends the episode (it cannot be trusted to hold a
-    whole call) and pays the invalid-action penalty for every step left (15 at the first step):
-    cutting itself short is no cheap way out."""
+    whole call) and pays the invalid-action penalty for every step the episode had left (at the
+    first step: the flow's 3, not the env's 15): cutting itself short is no cheap way out."""
     row = D.build_rows("test", 1, 0)[0]
     script = [format_tool_call("env_step", {"command": "search[a very long query about mugs and lamps]"})]
     flow = FlowConfig(max_steps=3, max_action_tokens=8, max_obs_tokens=8192)
@@ -271,7 +271,7 @@ def test_a_cut_action_costs_an_invalid_call_per_step_left(codec):
     )
     (s,) = t.steps
     assert s.finish_reason == "length" and s.done and s.truncated
-    assert s.reward == pytest.approx(-1.5) and t.metrics["success"] == 0.0
+    assert s.reward == pytest.approx(-0.3) and t.metrics["success"] == 0.0
 
 
 def test_gigpo_step_groups_are_non_trivial_on_a_replayed_group(codec):
