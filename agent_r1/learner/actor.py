@@ -9,6 +9,7 @@ parallel ranks call them with their own trajectories (gradients are averaged by 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ class Actor:
         seed: int = 0,
         trainable: bool = True,
         train_vision: bool = False,
+        temperature: float = 1.0,
     ):
         from megatron.core.distributed import (
             DistributedDataParallel,
@@ -71,6 +73,11 @@ class Actor:
         from megatron_bridge import build_gpt_model, language_config, load_hf_weights
 
         self.hf_dir, self.bridge, self.optim_cfg = Path(hf_dir), bridge, optim
+        # the rollout's sampling temperature: SGLang (and the embedded engine) return logprobs under
+        # softmax(logits / T), so the policy's logprobs here are tempered alike (0, greedy: 1)
+        if not (temperature >= 0 and math.isfinite(temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+        self.temperature = temperature or 1.0
         self.device = learner_device()
         self.hf_config = AutoConfig.from_pretrained(self.hf_dir)
         self.train_vision = bool(train_vision and trainable)
@@ -218,6 +225,8 @@ class Actor:
 
         group, rank = ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_rank()
         targets = mb.tokens[mb.label_pos]
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
         return packed_logprobs(logits, targets, group, rank * logits.shape[-1], self.lm_config.vocab_size)
 
     # ---- API --------------------------------------------------------------------------------------------

@@ -55,7 +55,15 @@ class Learner:
         keep_freed_host_memory()  # a CPU learner reuses its step's large blocks (no page faults)
         bridge = bridge_config(cfg)
         seed = cfg.trainer.seed
-        self.actor = Actor(cfg.model.path, bridge, cfg.optim, seed=seed, train_vision=cfg.model.train_vision)
+        temp = cfg.rollout.temperature  # logprobs as the rollout samples them (SGLang: softmax(logits / T))
+        self.actor = Actor(
+            cfg.model.path,
+            bridge,
+            cfg.optim,
+            seed=seed,
+            train_vision=cfg.model.train_vision,
+            temperature=temp,
+        )
         self.vision = Geometry.of(cfg.model.path)  # None: a text-only model
         self.device = self.actor.device
         self.critic = None
@@ -63,7 +71,7 @@ class Learner:
             copt = dataclasses.replace(cfg.optim, lr=cfg.algorithm.critic_lr)
             self.critic = Critic(cfg.model.path, bridge, copt, seed=seed)
         self.ref = (
-            Actor(cfg.model.path, bridge, cfg.optim, seed=seed, trainable=False)
+            Actor(cfg.model.path, bridge, cfg.optim, seed=seed, trainable=False, temperature=temp)
             if cfg.algorithm.reference
             else None
         )
