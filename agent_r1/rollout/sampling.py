@@ -14,6 +14,12 @@ SEED_LIMIT = (1 << 63) - 128  # seed + sample index (n <= 128) still seeds a tor
 GREEDY_BELOW = 1e-5  # temperatures under this sample greedily (dividing logits by them overflows)
 
 
+def logprob_temperature(temperature: float) -> float:
+    """The T of the logprobs a request at ``temperature`` gets back: log_softmax(logits / T), and
+    untempered (T = 1) where it samples greedily, as SGLang. The learner recomputes them alike."""
+    return temperature if temperature >= GREEDY_BELOW else 1.0
+
+
 class BadRequest(ValueError):
     """Invalid request input; the message names the field (HTTP 400)."""
 

@@ -30,6 +30,7 @@ from agent_r1.learner.critic import Critic
 from agent_r1.learner.device import all_reduce_scalar, collective_device, keep_freed_host_memory
 from agent_r1.logging import Progress
 from agent_r1.records.reader import RecordStore
+from agent_r1.rollout.sampling import logprob_temperature
 from agent_r1.train.config import TrainConfig, bridge_config
 from agent_r1.vision.qwen2_vl import Geometry
 
@@ -55,7 +56,7 @@ class Learner:
         keep_freed_host_memory()  # a CPU learner reuses its step's large blocks (no page faults)
         bridge = bridge_config(cfg)
         seed = cfg.trainer.seed
-        temp = cfg.rollout.temperature  # logprobs as the rollout samples them (SGLang: softmax(logits / T))
+        temp = logprob_temperature(cfg.rollout.temperature)  # the rollout's logprobs are tempered
         self.actor = Actor(
             cfg.model.path,
             bridge,

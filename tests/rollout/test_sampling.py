@@ -6,7 +6,7 @@ import math
 import numpy as np
 import torch
 
-from agent_r1.rollout.sampling import Sampling, sample_batch
+from agent_r1.rollout.sampling import Sampling, logprob_temperature, sample_batch
 
 # one row: probabilities 0.4, 0.3, 0.2, 0.06, 0.04 at T = 1
 P = [0.4, 0.3, 0.2, 0.06, 0.04]
@@ -78,3 +78,16 @@ def test_mixed_rows_greedy_seeded():
     # seeded rows draw from their own generators: the same whatever the shared generator does
     again, _, _ = run(99)
     assert again[1] == toks[1] and again[5] == toks[5] and toks[1] == toks[5]
+
+
+def test_the_learner_tempers_logprobs_as_the_sampler_returns_them():
+    """``logprob_temperature`` (what the learner divides its logits by) names the T of the
+    sampler's own logprobs: T itself, and 1 for a request that samples greedily (T = 0, or a
+    vanishing T that validation turns greedy, as SGLang)."""
+    logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(2))
+    for temp in (1.3, 0.7, 1e-5, 9e-6, 0.0):
+        s = Sampling.from_dict({"temperature": temp}, 50)
+        (tok,), (lp,), _ = sample_batch(logits, [s], [None], [None], torch.Generator().manual_seed(0))
+        t = logprob_temperature(temp)
+        assert t == (1.0 if temp < 1e-5 else temp)
+        assert math.isclose(lp, torch.log_softmax(logits[0].double() / t, -1)[tok].item(), abs_tol=1e-5), temp
