@@ -73,11 +73,11 @@ class Actor:
         from megatron_bridge import build_gpt_model, language_config, load_hf_weights
 
         self.hf_dir, self.bridge, self.optim_cfg = Path(hf_dir), bridge, optim
-        # the rollout's sampling temperature: SGLang (and the embedded engine) return logprobs under
-        # softmax(logits / T), so the policy's logprobs here are tempered alike (0, greedy: 1)
-        if not (temperature >= 0 and math.isfinite(temperature)):
-            raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
-        self.temperature = temperature or 1.0
+        # the T of the rollout's logprobs (rollout.sampling.logprob_temperature): SGLang and the
+        # embedded engine return them under softmax(logits / T), so the policy's are tempered alike
+        if not (temperature > 0 and math.isfinite(temperature)):
+            raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+        self.temperature = temperature
         self.device = learner_device()
         self.hf_config = AutoConfig.from_pretrained(self.hf_dir)
         self.train_vision = bool(train_vision and trainable)
@@ -225,9 +225,14 @@ class Actor:
 
         group, rank = ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_rank()
         targets = mb.tokens[mb.label_pos]
-        if self.temperature != 1.0:
-            logits = logits / self.temperature
-        return packed_logprobs(logits, targets, group, rank * logits.shape[-1], self.lm_config.vocab_size)
+        return packed_logprobs(
+            logits,
+            targets,
+            group,
+            rank * logits.shape[-1],
+            self.lm_config.vocab_size,
+            temperature=self.temperature,
+        )
 
     # ---- API --------------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -10,6 +10,7 @@ stream never materialises an fp32 (tokens x vocab) tensor.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -241,11 +242,15 @@ def vocab_parallel_logprob_entropy(
     vocab_start: int = 0,
     group: Any = None,
     vocab_size: int | None = None,
+    temperature: float = 1.0,
 ):
-    """Per-row logprob of ``targets`` and entropy under softmax(logits) where ``logits`` holds this
-    rank's vocabulary slice ``[vocab_start, vocab_start + V/tp)``; exact across TP ranks. Columns at
-    or beyond ``vocab_size`` (the TP padding of the embedding) are excluded from the softmax."""
+    """Per-row logprob of ``targets`` and entropy under softmax(logits / temperature) where
+    ``logits`` holds this rank's vocabulary slice ``[vocab_start, vocab_start + V/tp)``; exact across
+    TP ranks. Columns at or beyond ``vocab_size`` (the TP padding of the embedding) are excluded from
+    the softmax."""
     logits = logits.float()
+    if temperature != 1.0:  # on the fp32 copy of this chunk: no extra (rows x vocab) tensor
+        logits = logits / temperature
     if vocab_size is not None and vocab_start + logits.shape[-1] > vocab_size:
         pad = torch.arange(logits.shape[-1], device=logits.device) + vocab_start >= vocab_size
         logits = logits.masked_fill(pad, -1e30)  # finite: exp() gives 0 and 0 * logit stays 0
@@ -259,15 +264,18 @@ def packed_logprobs(
     vocab_start: int = 0,
     vocab_size: int | None = None,
     chunk: int = 2048,
+    temperature: float = 1.0,
 ):
     """(A,) logprobs of ``targets`` and entropies from (A, V/tp) logits, one row per target (the
     logits of the position before it), in chunks of rows so a long stream never materialises an
     fp32 (tokens x vocab) tensor. ``vocab_size``: the real vocabulary (the model's is padded for
-    TP)."""
+    TP). ``temperature``: the sampler's (SGLang returns logprobs under softmax(logits / T)), > 0."""
+    if not (temperature > 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
     if targets.numel() <= chunk:  # no split: its backward would copy the whole gradient once more
-        return vocab_parallel_logprob_entropy(logits, targets, vocab_start, group, vocab_size)
+        return vocab_parallel_logprob_entropy(logits, targets, vocab_start, group, vocab_size, temperature)
     parts = [
-        vocab_parallel_logprob_entropy(lg, tg, vocab_start, group, vocab_size)
+        vocab_parallel_logprob_entropy(lg, tg, vocab_start, group, vocab_size, temperature)
         for lg, tg in zip(logits.split(chunk), targets.split(chunk), strict=True)  # split, not slices:
     ]  # a slice's backward writes into a zero tensor of the full size, once per chunk
     return torch.cat([lp for lp, _ in parts]), torch.cat([e for _, e in parts])

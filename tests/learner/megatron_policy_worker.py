@@ -43,6 +43,7 @@ def main() -> None:
         install_packed_attention,
         install_packed_rotary,
         packed_forward,
+        packed_logprobs,
         vocab_parallel_logprob_entropy,
     )
     from megatron_bridge import BridgeConfig, build_gpt_model, load_hf_weights
@@ -76,27 +77,33 @@ def main() -> None:
                 rotary.positions = None
             results["sdpa_vs_mask_logits"] = float((sdpa - masked[0]).abs().max())
         ps.destroy_model_parallel()
-    # vocab-parallel backward vs autograd on the full vocabulary (TP = world)
+    # vocab-parallel backward vs autograd on the full vocabulary (TP = world), untempered and at
+    # T = 0.7 through packed_logprobs' chunks (as the learner calls it for a tempered rollout)
     ps.initialize_model_parallel(tensor_model_parallel_size=world)
     g = torch.Generator().manual_seed(0)
     full = torch.randn(6, 40, generator=g, dtype=torch.float64)
     targets = torch.randint(0, 40, (6,), generator=g)
     w = torch.randn(6, generator=g, dtype=torch.float64)
     we = torch.randn(6, generator=g, dtype=torch.float64)
-    shard = full.chunk(world, -1)[rank].clone().requires_grad_(True)
-    lp, ent = vocab_parallel_logprob_entropy(
-        shard, targets, rank * 40 // world, ps.get_tensor_model_parallel_group()
-    )
-    (lp.double() * w + ent.double() * we).sum().backward()
-    ref_full = full.clone().requires_grad_(True)
-    logp = torch.log_softmax(ref_full, -1)
-    ((logp.gather(1, targets[:, None])[:, 0]) * w + (-(logp.exp() * logp).sum(-1)) * we).sum().backward()
-    grad_diff = float((shard.grad.double() - ref_full.grad.chunk(world, -1)[rank]).abs().max())
-    value_diff = float((lp.double() - logp.gather(1, targets[:, None])[:, 0]).abs().max())
-    allg = [None] * world
-    dist.all_gather_object(allg, (grad_diff, value_diff))
-    results["vocab_parallel_grad_diff"] = max(a for a, _ in allg)
-    results["vocab_parallel_value_diff"] = max(b for _, b in allg)
+    group = ps.get_tensor_model_parallel_group()
+    for temp, key in ((1.0, "vocab_parallel"), (0.7, "vocab_parallel_tempered")):
+        shard = full.chunk(world, -1)[rank].clone().requires_grad_(True)
+        if temp == 1.0:
+            lp, ent = vocab_parallel_logprob_entropy(shard, targets, rank * 40 // world, group)
+        else:
+            lp, ent = packed_logprobs(shard, targets, group, rank * 40 // world, chunk=4, temperature=temp)
+        (lp.double() * w + ent.double() * we).sum().backward()
+        ref_full = full.clone().requires_grad_(True)
+        logp = torch.log_softmax(ref_full / temp, -1)
+        ref_lp = logp.gather(1, targets[:, None])[:, 0]
+        (ref_lp * w + (-(logp.exp() * logp).sum(-1)) * we).sum().backward()
+        grad_diff = float((shard.grad.double() - ref_full.grad.chunk(world, -1)[rank]).abs().max())
+        value_diff = float((lp.double() - ref_lp).abs().max())
+        allg = [None] * world
+        dist.all_gather_object(allg, (grad_diff, value_diff))
+        results[f"{key}_grad_diff"] = max(a for a, _ in allg)
+        results[f"{key}_value_diff"] = max(b for _, b in allg)
+        results[f"{key}_grad_norm"] = float(ref_full.grad.abs().max())
     finish(rank, results, out, indent=None)
 
 

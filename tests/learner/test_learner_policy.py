@@ -34,3 +34,11 @@ def test_output_layer_on_selected_rows_equals_the_full_projection(policy_results
 def test_vocab_parallel_backward(policy_results):
     assert policy_results["vocab_parallel_value_diff"] < 1e-6
     assert policy_results["vocab_parallel_grad_diff"] < 1e-6
+
+
+def test_vocab_parallel_tempered_logprobs_and_grads_equal_full_softmax(policy_results):
+    """At the rollout's T = 0.7, in chunks: log_softmax(full / T) of the targets and its entropy,
+    values and gradients (which are not trivially small)."""
+    assert policy_results["vocab_parallel_tempered_value_diff"] < 1e-6
+    assert policy_results["vocab_parallel_tempered_grad_diff"] < 1e-6
+    assert policy_results["vocab_parallel_tempered_grad_norm"] > 1e-2
