@@ -193,10 +193,12 @@ class Trainer:
         write_shard(sft_dir, 0, 0, table)
         finalize_iteration(sft_dir, 0)
         ok = sum(t.metrics.get("success", 0.0) for t in trajs) / max(len(trajs), 1)
+        missteps = sum(not any(s.action_mask) for t in trajs for s in t.steps)
         log.info(
-            "warm start data: %d demonstrations (%d steps), demonstrator success %.2f",
+            "warm start data: %d demonstrations (%d steps, %d missteps not imitated), demonstrator success %.2f",
             len(trajs),
             table.num_rows,
+            missteps,
             ok,
         )
 

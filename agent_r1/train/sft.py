@@ -14,6 +14,12 @@ from agent_r1.agent.chat import ChatCodec
 from agent_r1.rollout.protocol import Completion, FinishReason, SamplingParams
 
 
+class Misstep(str):
+    """A demonstrated turn the environment is meant to refuse (a recovery demonstration: the turns
+    after it show what to do once refused). Replayed like any turn, never imitated: its action
+    tokens get mask 0, and the replay checks that the environment did refuse it."""
+
+
 class Demonstrator:
     """A ``generate`` that replies with given texts, one list per trajectory (``session(id)``)."""
 
@@ -40,7 +46,8 @@ class Demonstrator:
 def demonstration_records(
     recipe: Any, rows: list[Any], codec: ChatCodec, flow: Any, seed: int, **options: Any
 ):
-    """Step records of the recipe's demonstrations for ``rows`` (``recipe.demonstrations``)."""
+    """Step records of the recipe's demonstrations for ``rows`` (``recipe.demonstrations``); a
+    ``Misstep`` turn's action is masked (not imitated)."""
     from agent_r1.agent.episodes import run_episodes
 
     if not hasattr(recipe, "demonstrations"):
@@ -50,14 +57,21 @@ def demonstration_records(
     trajs = asyncio.run(
         run_episodes(rows, Demonstrator(codec, by_id), codec, flow, 1, id_prefix="sft", progress=False)
     )
-    errors = [
-        (t.trajectory_id, c["error"])
-        for t in trajs
-        for s in t.steps
-        for c in s.info.get("tool_calls", [])
-        if c.get("error")
-    ]
-    if errors:  # the demonstrator never errs: its tools (or their retriever) are broken
+    errors, accepted = [], []
+    for t in trajs:
+        for s in t.steps:
+            refused = [c["error"] for c in s.info.get("tool_calls", []) if c.get("error")]
+            if isinstance(by_id[t.trajectory_id][s.step_index], Misstep):
+                s.action_mask = [0] * len(s.action_token_ids)
+                if not refused:
+                    accepted.append((t.trajectory_id, s.step_index))
+            elif refused:
+                errors.append((t.trajectory_id, refused[0]))
+    if accepted:  # a misstep the env took moved its state: the turns after it are not the expert's
+        raise RuntimeError(
+            f"{len(accepted)} demonstrated missteps were not refused; first, {accepted[0][0]} step {accepted[0][1]}"
+        )
+    if errors:  # the demonstrator never errs unless meant to: its tools (or their retriever) are broken
         raise RuntimeError(
             f"{len(errors)} tool errors while replaying the demonstrations; first, in {errors[0][0]}: {errors[0][1]}"
         )

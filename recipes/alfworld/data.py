@@ -18,6 +18,7 @@ from typing import Any
 
 from agent_r1.agent.tool_calls import format_tool_call
 from agent_r1.data.rows import DataRow
+from agent_r1.train.sft import Misstep
 from recipes.alfworld.games import SPLITS, TASK_TYPES, collect_games, data_root, offline_root
 
 AGENT = "alfworld"
@@ -133,13 +134,18 @@ def _handcoded_plan(path: str, max_steps: int = 20) -> tuple[str, ...] | None:
     return tuple(plan) if state.won else None
 
 
-def demonstrations(rows: list[DataRow], seed: int = 0, detour_rate: float = 0.0,
+def demonstrations(rows: list[DataRow], seed: int = 0, detour_rate: float = 0.0, misstep_rate: float = 0.0,
                    expert: str = "planner", max_steps: int = 20) -> list[list[str]]:  # fmt: skip
     """The expert's commands (``planner`` or ``handcoded``, see ``expert_plan``) as env_step calls,
     at most ``max_steps`` of them (set it to the run's ``rollout.max_steps``). With
     ``detour_rate`` a noisy demonstrator: that often, before one of its ``go to`` steps, it first
     goes somewhere else the room offers (checked on the engine: the rest of the plan still wins
-    from there; only where the plan has a step to spare)."""
+    from there; only where the plan has a step to spare). With ``misstep_rate``, recovery
+    demonstrations: before that share of its steps (where the plan has steps to spare) it first
+    issues a command the game refuses, as a learning policy does (``_misstep``); the turn is a
+    ``Misstep`` (replayed, not imitated), so the demonstration shows the refusal and the move on."""
+    if not 0.0 <= misstep_rate <= 1.0:
+        raise ValueError(f"alfworld: misstep_rate must be in [0, 1], got {misstep_rate}")
     rng = random.Random(seed)
     out = []
     for row in rows:
@@ -148,8 +154,50 @@ def demonstrations(rows: list[DataRow], seed: int = 0, detour_rate: float = 0.0,
         gotos = [i for i, c in enumerate(plan) if c.startswith("go to ")]
         if gotos and rng.random() < detour_rate and len(plan) < max_steps:
             plan = _with_detour(path, plan, rng.choice(gotos), rng)
-        out.append([format_tool_call("env_step", {"command": c}) for c in plan])
+        if misstep_rate > 0 and len(plan) < max_steps:
+            plan = _with_missteps(path, plan, misstep_rate, max_steps, rng)
+        calls = [format_tool_call("env_step", {"command": c}) for c in plan]
+        out.append(
+            [Misstep(call) if isinstance(c, Misstep) else call for c, call in zip(plan, calls, strict=True)]
+        )
     return out
+
+
+def _misstep(state: Any, plan: list[str], k: int, rng: random.Random) -> str | None:
+    """A command the game refuses before plan step ``k``, of the kinds a learning policy issues
+    (README, ALFWorld: where the refusals come from): going to the place it stands at, taking the
+    task's object from where it is not, or repeating the previous command. None if none is refused."""
+    here = next((c[len("go to ") :] for c in reversed(plan[:k]) if c.startswith("go to ")), None)
+    obj = next((c.split()[1:3] for c in plan[k:] if c.startswith("take ")), None)
+    wrong = []
+    if here is not None:
+        wrong.append(f"go to {here}")
+        if obj is not None:
+            wrong.append(f"take {' '.join(obj)} from {here}")
+    if k > 0:
+        wrong.append(plan[k - 1])
+    wrong = [c for c in dict.fromkeys(wrong) if c not in state.admissible]
+    return rng.choice(wrong) if wrong else None
+
+
+def _with_missteps(path: str, plan: list[str], rate: float, max_steps: int, rng: random.Random) -> list[str]:
+    """``plan`` with a ``Misstep`` (``_misstep``) before each step with probability ``rate``, as
+    long as the plan still fits in ``max_steps``; the engine says which commands it refuses."""
+    from recipes.alfworld.world import POOL
+
+    world, out = POOL.take(path), []
+    try:
+        state = world.reset()
+        for k, command in enumerate(plan):
+            if len(out) + len(plan) - k < max_steps and rng.random() < rate:
+                wrong = _misstep(state, plan, k, rng)
+                if wrong is not None:
+                    out.append(Misstep(wrong))
+            out.append(command)
+            state = world.step(command)
+        return out
+    finally:
+        POOL.give(world)
 
 
 def _with_detour(path: str, plan: list[str], k: int, rng: random.Random) -> list[str]:

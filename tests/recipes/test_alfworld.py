@@ -213,6 +213,50 @@ def test_expert_demonstrations_win_every_game_through_the_agent(codec, expert):
             assert all(c.get("error") is None for s in t.steps for c in s.info["tool_calls"])
 
 
+def test_recovery_demonstrations_are_refused_masked_and_still_win(codec):
+    """With misstep_rate the demonstrator first issues a command the game refuses (going where it
+    stands, taking the task's object from where it is not, repeating itself) before some steps:
+    replayed, the game refuses each, the next page shows the error, the misstep's action is
+    masked (SFT does not imitate it), the expert's own steps are unchanged, and every game is won."""
+    from types import SimpleNamespace
+
+    from agent_r1.train.sft import Misstep, demonstration_records
+
+    rows = D.build_rows("train", None, 0, games=SMALL)
+    opts = {"misstep_rate": 0.4, "expert": "handcoded", "max_steps": 20}
+    scripts = D.demonstrations(rows, seed=3, **opts)
+    plain = D.demonstrations(rows, expert="handcoded", max_steps=20)
+    for script, expert in zip(scripts, plain, strict=True):
+        assert [t for t in script if not isinstance(t, Misstep)] == expert
+    wrong = [
+        re.search(r'"command": "([^"]+)"', t).group(1) for s in scripts for t in s if isinstance(t, Misstep)
+    ]
+    assert len(wrong) >= 6
+    assert {w.split()[0] for w in wrong} >= {"go", "take"}, wrong
+
+    trajs = demonstration_records(D, rows, codec, FLOW, seed=3, **opts)
+    masked = 0
+    for t, script in zip(trajs, scripts, strict=True):
+        assert t.metrics["success"] == 1.0 and len(t.steps) == len(script)
+        for k, (s, turn) in enumerate(zip(t.steps, script, strict=True)):
+            miss = isinstance(turn, Misstep)
+            assert bool(s.info["tool_calls"][0].get("error")) == miss
+            assert s.action_mask == [int(not miss)] * len(s.action_token_ids)
+            if miss:
+                masked += 1
+                page = codec.decode(t.steps[k + 1].obs_token_ids)
+                assert "### Error" in page and "is not an admissible command now" in page
+    assert masked == len(wrong)
+
+    # a misstep the game takes would leave the expert's later turns in another state: refused loudly
+    first = plain[0]
+    taken = SimpleNamespace(__name__="taken", demonstrations=lambda rows, seed: [[Misstep(first[0]), *first]])
+    with pytest.raises(
+        RuntimeError, match="1 demonstrated missteps were not refused; first, sft-p0-s0 step 0"
+    ):
+        demonstration_records(taken, rows[:1], codec, FLOW, seed=0)
+
+
 def test_invalid_commands_leave_the_game_and_show(codec):
     row = D.build_rows("train", 1, 0, games=SMALL)[0]
     first = D.demonstrations([row])[0][0]
