@@ -9,7 +9,6 @@ parallel ranks call them with their own trajectories (gradients are averaged by 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -73,10 +72,8 @@ class Actor:
         from megatron_bridge import build_gpt_model, language_config, load_hf_weights
 
         self.hf_dir, self.bridge, self.optim_cfg = Path(hf_dir), bridge, optim
-        # the T of the rollout's logprobs (rollout.sampling.logprob_temperature): SGLang and the
-        # embedded engine return them under softmax(logits / T), so the policy's are tempered alike
-        if not (temperature > 0 and math.isfinite(temperature)):
-            raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+        # the T of the rollout's logprobs (rollout.sampling.logprob_temperature; packed_logprobs
+        # checks it): SGLang and the embedded engine return them under softmax(logits / T)
         self.temperature = temperature
         self.device = learner_device()
         self.hf_config = AutoConfig.from_pretrained(self.hf_dir)

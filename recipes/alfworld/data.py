@@ -156,11 +156,14 @@ def demonstrations(rows: list[DataRow], seed: int = 0, detour_rate: float = 0.0,
             plan = _with_detour(path, plan, rng.choice(gotos), rng)
         if misstep_rate > 0 and len(plan) < max_steps:
             plan = _with_missteps(path, plan, misstep_rate, max_steps, rng)
-        calls = [format_tool_call("env_step", {"command": c}) for c in plan]
-        out.append(
-            [Misstep(call) if isinstance(c, Misstep) else call for c, call in zip(plan, calls, strict=True)]
-        )
+        out.append([_env_step_call(c) for c in plan])
     return out
+
+
+def _env_step_call(command: str) -> str:
+    """The env_step call of ``command`` (a ``Misstep``'s call is one too)."""
+    call = format_tool_call("env_step", {"command": command})
+    return Misstep(call) if isinstance(command, Misstep) else call
 
 
 def _misstep(state: Any, plan: list[str], k: int, rng: random.Random) -> str | None:

@@ -42,3 +42,15 @@ def test_vocab_parallel_tempered_logprobs_and_grads_equal_full_softmax(policy_re
     assert policy_results["vocab_parallel_tempered_value_diff"] < 1e-6
     assert policy_results["vocab_parallel_tempered_grad_diff"] < 1e-6
     assert policy_results["vocab_parallel_tempered_grad_norm"] > 1e-2
+
+
+@pytest.mark.parametrize("temp", [0.0, -1.0, float("inf"), float("nan")])
+def test_packed_logprobs_refuses_a_temperature_that_is_not_positive_and_finite(temp):
+    """A greedy rollout's logprobs are untempered: the learner passes T = 1 for it
+    (rollout.sampling.logprob_temperature), never 0."""
+    import torch
+
+    from agent_r1.learner.policy import packed_logprobs
+
+    with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
+        packed_logprobs(torch.zeros(2, 5), torch.tensor([0, 1]), temperature=temp)
