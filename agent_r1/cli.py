@@ -147,7 +147,7 @@ def _eval(a: argparse.Namespace) -> int:
         f"eval {m['data']}: success {m['success']:.3f} [{lo:.3f}, {hi:.3f}] over {m['episodes']} episodes"
         f" ({m['prompts']} prompts x {m['samples_per_prompt']}); {passes}; reward {m['reward']:.3f};"
         f" steps {m['steps_per_episode']:.2f} tools {m['tool_calls_per_episode']:.2f}\n"
-        f"metrics:  {a.out}/metrics.json\nepisodes: {a.out}/records",
+        f"metrics:  {m['out']}/metrics.json\nepisodes: {m['out']}/records",
         flush=True,
     )
     return 0
@@ -440,7 +440,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-action-tokens", type=int, default=None)
     ev.add_argument("--max-len", type=int, default=None, help="the embedded server's context length")
     ev.add_argument("--dtype", default=None, choices=["float32", "bfloat16"])
-    ev.add_argument("--out", default="eval_out", help="metrics.json and the episodes' records go here")
+    ev.add_argument(
+        "--out",
+        default=None,
+        help="metrics.json and the episodes' records go here (default: RUN/evals/SPLIT-CHECKPOINT[-nN][-TT][-sS]"
+        " with --run, else ./eval_out)",
+    )
     ev.add_argument(
         "--index", default=None, help="the search tools' index (default: the run's retrieval.index)"
     )

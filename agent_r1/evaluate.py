@@ -210,6 +210,19 @@ def settings(a: Any, cfg: Any) -> EvalSettings:
     )
 
 
+def default_out(a: Any) -> Path:
+    """Where an evaluation goes without ``--out``: inside the run, one folder per checkpoint, split and
+    sampling (``RUN/evals/valid_unseen-iter_000015-n8-T1-s7``), so evaluations never overwrite each other;
+    without a run, ``./eval_out``."""
+    if not a.run:
+        return Path("eval_out")
+    name = f"{a.split or 'test'}-{newest_checkpoint(Path(a.run), a.iteration).name}"
+    name += f"-n{a.n}" if a.n > 1 else ""
+    name += f"-T{a.temperature:g}" if a.temperature is not None else ""
+    name += f"-s{a.seed}" if a.seed is not None else ""
+    return Path(a.run) / "evals" / name
+
+
 def run_eval(a: Any) -> dict[str, Any]:
     """The ``agent-r1 eval`` command: returns the metrics it wrote to ``OUT/metrics.json``."""
     import asyncio
@@ -225,9 +238,10 @@ def run_eval(a: Any) -> dict[str, Any]:
     from recipes import load_all, load_recipe
 
     load_all()
-    out = Path(a.out)
+    out = Path(a.out) if a.out else default_out(a)
     out.mkdir(parents=True, exist_ok=True)
-    cfg, model, source = resolve_model(a, out)
+    # a run's evaluations share one export of each checkpoint (RUN/evals/hf_iter_N)
+    cfg, model, source = resolve_model(a, out.parent if not a.out and a.run else out)
     from agent_r1.retrieval import client as retrieval
 
     if getattr(a, "index", None):  # the search tools' index, in this process
@@ -285,4 +299,5 @@ def run_eval(a: Any) -> dict[str, Any]:
     write_shard(out / "records", 0, 0, records_to_table([st for t in trajs for st in t.steps]))
     finalize_iteration(out / "records", 0)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    metrics["out"] = str(out)
     return metrics

@@ -78,6 +78,12 @@ def test_eval_of_a_run_reproduces_the_trainers_held_out_episodes(tiny_model_dir,
     mine = RecordStore(out / "records").read(0)
     assert _episodes(mine) == _episodes(trainer)
     assert metrics["model"].endswith("iter_000001")
+    if not layout:  # without --out: inside the run, named by split, checkpoint and sampling
+        r = _eval("--run", str(run), "--n", "2", "--temperature", "1.0")
+        inside = run / "evals" / "test-iter_000001-n2-T1"
+        sampled = json.loads((inside / "metrics.json").read_text())
+        assert sampled["episodes"] == 16 and f"metrics:  {inside}/metrics.json" in r.stdout
+        assert (run / "evals" / "hf_iter_000001" / "model.safetensors").exists()  # one export, shared
 
 
 def test_sampled_eval_reports_pass_at_k(tiny_model_dir, tmp_path):
