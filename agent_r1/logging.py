@@ -9,10 +9,6 @@ import time
 _CONFIGURED = False
 
 
-def get_logger(name: str = "agent_r1") -> logging.Logger:
-    return logging.getLogger(name)
-
-
 def setup_logging(role: str = "main", level: int = logging.INFO) -> logging.Logger:
     global _CONFIGURED
     root = logging.getLogger("agent_r1")
