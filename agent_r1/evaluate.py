@@ -210,13 +210,13 @@ def settings(a: Any, cfg: Any) -> EvalSettings:
     )
 
 
-def default_out(a: Any) -> Path:
-    """Where an evaluation goes without ``--out``: inside the run, one folder per checkpoint, split and
-    sampling (``RUN/evals/valid_unseen-iter_000015-n8-T1-s7``), so evaluations never overwrite each other;
-    without a run, ``./eval_out``."""
+def default_out(a: Any, checkpoint: str) -> Path:
+    """Where an evaluation goes without ``--out``: inside the run, one folder per checkpoint (the one
+    ``resolve_model`` picked), split and sampling (``RUN/evals/valid_unseen-iter_000015-n8-T1-s7``), so
+    evaluations never overwrite each other; without a run, ``./eval_out``."""
     if not a.run:
         return Path("eval_out")
-    name = f"{a.split or 'test'}-{newest_checkpoint(Path(a.run), a.iteration).name}"
+    name = f"{a.split or 'test'}-{Path(checkpoint).name}"
     name += f"-n{a.n}" if a.n > 1 else ""
     name += f"-T{a.temperature:g}" if a.temperature is not None else ""
     name += f"-s{a.seed}" if a.seed is not None else ""
@@ -238,10 +238,12 @@ def run_eval(a: Any) -> dict[str, Any]:
     from recipes import load_all, load_recipe
 
     load_all()
-    out = Path(a.out) if a.out else default_out(a)
+    # a run's evaluations without --out share one export of each checkpoint (RUN/evals/hf_iter_N)
+    exports = Path(a.out or (Path(a.run) / "evals" if a.run else "eval_out"))
+    exports.mkdir(parents=True, exist_ok=True)
+    cfg, model, source = resolve_model(a, exports)
+    out = Path(a.out) if a.out else default_out(a, source)
     out.mkdir(parents=True, exist_ok=True)
-    # a run's evaluations share one export of each checkpoint (RUN/evals/hf_iter_N)
-    cfg, model, source = resolve_model(a, out.parent if not a.out and a.run else out)
     from agent_r1.retrieval import client as retrieval
 
     if getattr(a, "index", None):  # the search tools' index, in this process
