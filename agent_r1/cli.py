@@ -243,6 +243,7 @@ def _serve(a: argparse.Namespace) -> int:
         api_key=_api_key(a),
         max_body_mb=a.max_body_mb,
         strict=a.strict,
+        sglang_version=a.sglang_version,
     )
     return 0
 
@@ -596,6 +597,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--strict",
         action="store_true",
         help="serve only the endpoints upstream SGLang serves (404 for the rest): what the trainer uses",
+    )
+    sv.add_argument(
+        "--sglang-version",
+        help="the SGLang release whose protocol to speak (default: the newest checked, 0.5.23; before "
+        "0.5.21 weights load without an update session)",
     )
     sv.set_defaults(fn=_serve)
 

@@ -407,8 +407,10 @@ class Engine:
             self.cv.notify_all()
 
     def flush_cache(self) -> bool:
+        """Drop the prefix cache; refused while requests run (or wait, unless paused: SGLang's
+        ``is_fully_idle(ignore_waiting=paused)``, so a push can flush between pause and continue)."""
         with self._control():
-            if self.running or self.waiting:
+            if self.running or (self.waiting and self.paused is None):
                 return False
             self.cache.clear()
             return True

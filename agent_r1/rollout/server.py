@@ -14,7 +14,6 @@ import logging
 import math
 import pickle
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +22,19 @@ from aiohttp import web
 
 from agent_r1.rollout.engine import Engine, Request
 from agent_r1.rollout.sampling import BadRequest
-from agent_r1.rollout.weight_sync import deserialize_named_tensors
+from agent_r1.rollout.weight_sync import (
+    SGLANG_SESSIONS_FROM,
+    deserialize_named_tensors,
+    join_update_group,
+    leave_update_group,
+    release,
+)
 
 log = logging.getLogger("agent_r1.server")
-VERSION = "agent-r1-embedded-0.1"
+ENGINE = "agent-r1-embedded-0.1"
+# the SGLang release whose HTTP protocol this server speaks (``/server_info`` "version"; clients
+# gate on it); ``--sglang-version`` picks an older one (no update sessions before 0.5.21)
+SGLANG_PROTOCOL = "0.5.23"
 DTYPES = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -56,6 +64,8 @@ UPSTREAM_ENDPOINTS = frozenset(
         "/destroy_weights_update_group",
         "/update_weights_from_distributed",
         "/update_weights_from_tensor",
+        "/begin_weight_update",
+        "/end_weight_update",
         "/update_weight_version",
         "/get_weights_by_name",
         "/release_memory_occupation",
@@ -155,19 +165,28 @@ class WeightReceiver:
         group_name: str,
         backend: str,
     ) -> None:
-        import torch.distributed as dist
-
+        """Join as SGLang's TP rank 0 does: rank ``rank_offset + 0``, through the same helper."""
         if backend not in ("gloo", "nccl"):
             raise BadRequest(f"backend: must be gloo or nccl, got {backend!r}")
-        store = dist.TCPStore(
-            master_address, int(master_port), int(world_size), is_master=False, timeout=timedelta(seconds=120)
+        if not group_name:
+            raise BadRequest("group_name: must not be empty")
+        if group_name in self.groups:
+            raise BadRequest(f"group_name: a weight update group {group_name!r} exists on this server")
+        self.groups[group_name] = join_update_group(
+            backend, master_address, int(master_port), int(world_size), int(rank_offset), group_name
         )
-        store = dist.PrefixStore(group_name, store)
-        cls = dist.ProcessGroupGloo if backend == "gloo" else dist.ProcessGroupNCCL
-        self.groups[group_name] = cls(store, int(rank_offset), int(world_size))
         self.devices[group_name] = self.device if backend == "nccl" else torch.device("cpu")
 
+    def destroy(self, group_name: str) -> bool:
+        group = self.groups.pop(group_name, None)
+        self.devices.pop(group_name, None)
+        if group is not None:
+            leave_update_group(group)
+        return group is not None
+
     def receive(self, body: dict[str, Any]) -> dict[str, torch.Tensor]:
+        import torch.distributed as dist
+
         name = body.get("group_name", "weight_update_group")
         group, device = self.groups.get(name), self.devices.get(name)
         if group is None:
@@ -182,18 +201,23 @@ class WeightReceiver:
             raise BadRequest(f"dtypes: unsupported dtype {bad[0]!r}; supported: {sorted(DTYPES)}")
         specs = [(n, DTYPES[d], tuple(s)) for n, d, s in zip(names, dtypes, shapes, strict=True)]
         if body.get("load_format") == "flattened_bucket":
-            sizes = [int(torch.Size(s).numel()) * torch.empty(0, dtype=d).element_size() for _, d, s in specs]
-            flat = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
-            group.broadcast(flat, 0).wait()
-            out, off = {}, 0
-            for (n, d, s), size in zip(specs, sizes, strict=True):
-                out[n] = flat[off : off + size].view(d).view(s).clone()
-                off += size
+            # SGLang's FlattenedTensorBucket layout: byte offsets in order, each aligned to its dtype
+            out, offsets, off = {}, [], 0
+            for n, d, s in specs:
+                if off % d.itemsize:
+                    raise BadRequest(f"names: unaligned tensor {n}: byte offset {off}, dtype {d}")
+                offsets.append(off)
+                off += int(torch.Size(s).numel()) * d.itemsize
+            flat = torch.empty(off, dtype=torch.uint8, device=device)
+            dist.broadcast(flat, src=0, group=group)
+            ends = offsets[1:] + [off]
+            for (n, d, s), start, end in zip(specs, offsets, ends, strict=True):
+                out[n] = flat[start:end].view(d).view(s).clone()
             return out
         out = {}
         for n, d, s in specs:
             t = torch.empty(s, dtype=d, device=device)
-            group.broadcast(t, 0).wait()
+            dist.broadcast(t, src=0, group=group)
             out[n] = t
         return out
 
@@ -208,9 +232,17 @@ class Server:
         api_key: str | None = None,
         max_body_mb: int = 256,
         strict: bool = False,
+        sglang_version: str = SGLANG_PROTOCOL,
     ):
-        """``strict``: serve only what upstream SGLang serves (``UPSTREAM_ENDPOINTS``)."""
+        """``strict``: serve only what upstream SGLang serves (``UPSTREAM_ENDPOINTS``).
+        ``sglang_version``: the release whose protocol to speak; from 0.5.21 weights load only
+        inside a ``/begin_weight_update`` ... ``/end_weight_update`` session, as SGLang's do."""
         self.engine, self.host, self.port = engine, host, port
+        v = release(sglang_version)
+        if v is None:
+            raise ValueError(f"sglang_version: not a release number: {sglang_version!r}")
+        self.sglang_version, self.sessions = sglang_version, v >= SGLANG_SESSIONS_FROM
+        self.session_open = False
         self.weight_ipc = (
             weight_ipc  # /update_weights_from_tensor unpickles its body: colocated trainers only
         )
@@ -237,6 +269,9 @@ class Server:
         r.add_post("/destroy_weights_update_group", self.destroy_group)
         r.add_post("/update_weights_from_distributed", self.update_from_distributed)
         r.add_post("/update_weights_from_tensor", self.update_from_tensor)
+        if self.sessions:
+            r.add_post("/begin_weight_update", self.begin_update)
+            r.add_post("/end_weight_update", self.end_update)
         r.add_post("/update_weight_version", self.update_version)
         r.add_post("/get_weights_by_name", self.weights_by_name)
         r.add_post("/release_memory_occupation", self.noop)
@@ -422,7 +457,8 @@ class Server:
                 "max_running_requests": e.max_running,
                 "chunked_prefill_size": e.prefill_chunk,
                 "weight_version": e.weight_version,
-                "version": VERSION,
+                "version": self.sglang_version,
+                "engine": ENGINE,
                 "internal_states": [{**e.loads(), **e.stats}],
             }
         )
@@ -447,7 +483,7 @@ class Server:
         return _json(
             {
                 "timestamp": time.time(),
-                "version": VERSION,
+                "version": self.sglang_version,
                 "accelerator": "cpu",
                 "num_accelerators": 0,
                 "loads": [{"dp_rank": 0, **self.engine.loads()}],
@@ -522,10 +558,38 @@ class Server:
 
     async def destroy_group(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        self.weights.groups.pop(body.get("group_name", "weight_update_group"), None)
+        if not self.weights.destroy(body.get("group_name", "weight_update_group")):
+            return _ok(False, "The group to be destroyed does not exist.")
         return _ok(True, "Succeeded to destroy custom process group.")
 
+    async def begin_update(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._body(request)
+            if body.get("selector", "all") not in ("all", "target", "draft"):
+                raise BadRequest(f"selector: must be all, target or draft, got {body['selector']!r}")
+        except BadRequest as e:
+            return _error(str(e))
+        if self.session_open:
+            return _ok(False, "a weight-update session is already open; call end_weight_update() first")
+        self.session_open = True
+        return _ok(True, "Success")
+
+    async def end_update(self, request: web.Request) -> web.Response:
+        if not self.session_open:
+            return _ok(False, "no weight-update session is open; call begin_weight_update() first")
+        self.session_open = False
+        return _ok(True, "Success")
+
+    def _outside_session(self, op: str) -> web.Response | None:
+        """SGLang >= 0.5.21 answers an update outside a session with failure, receiving nothing."""
+        if self.sessions and not self.session_open:
+            return _ok(False, f"{op} must run between begin_weight_update() and end_weight_update()")
+        return None
+
     async def update_from_distributed(self, request: web.Request) -> web.Response:
+        refused = self._outside_session("update_weights_from_distributed")
+        if refused is not None:
+            return refused
         try:
             body = await self._body(request)
             if body.get("abort_all_requests"):
@@ -548,6 +612,9 @@ class Server:
                 "the request body: only for a trainer on the same machine)",
                 403,
             )
+        refused = self._outside_session("update_weights_from_tensor")
+        if refused is not None:
+            return refused
         try:
             body = await self._body(request)
             blobs = body.get("serialized_named_tensors")
@@ -661,9 +728,17 @@ def serve(
     api_key = engine_kw.pop("api_key", None)
     max_body_mb = int(engine_kw.pop("max_body_mb", 256))
     strict = bool(engine_kw.pop("strict", False))
+    sglang_version = str(engine_kw.pop("sglang_version", None) or SGLANG_PROTOCOL)
     engine = Engine(model, **engine_kw)
     server = Server(
-        engine, host, port, weight_ipc=weight_ipc, api_key=api_key, max_body_mb=max_body_mb, strict=strict
+        engine,
+        host,
+        port,
+        weight_ipc=weight_ipc,
+        api_key=api_key,
+        max_body_mb=max_body_mb,
+        strict=strict,
+        sglang_version=sglang_version,
     )
     if routes is not None:
         routes(server)

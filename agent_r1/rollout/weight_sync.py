@@ -1,10 +1,18 @@
 """Pushing new weights from a trainer process to rollout servers.
 
-``WeightUpdateGroup`` is the trainer's end of SGLang's distributed update: the trainer is rank 0
-of a standalone process group (gloo on CPU, NCCL on GPU) with every server; HF-named tensors go
-in flattened buckets (one ``/update_weights_from_distributed`` call + one broadcast per bucket);
-the last bucket carries the new ``weight_version``, which is then verified on every server. A
-server that fails is reported and dropped from the group's healthy set until it has the version.
+``WeightUpdateGroup`` is the trainer's end of SGLang's distributed update. Every rank of every
+server joins a standalone process group (gloo on CPU, NCCL on GPU) with the trainer as rank 0; both
+ends join through the same calls as SGLang's ``init_custom_process_group``
+(``sglang/srt/utils/common.py``: a ``tcp://`` rendezvous, the store prefixed with the group name,
+then torch's ``_new_process_group_helper``, which prefixes it again), so their store keys meet. A
+server of TP size ``t`` joins with ranks ``rank_offset .. rank_offset + t - 1``.
+
+One push is one session on every server: ``/pause_generation`` (retract: running requests go back
+to the queue and are recomputed with the new weights), ``/begin_weight_update`` (SGLang >= 0.5.21
+refuses updates outside a session), one ``/update_weights_from_distributed`` + broadcast per
+flattened bucket (``flush_cache=false``; the last bucket carries the new ``weight_version``),
+``/end_weight_update``, one ``/flush_cache``, ``/continue_generation``; then the version is verified.
+A server that fails is reported and dropped from the group's healthy set until it has the version.
 ``push_weights_from_disk`` is the shared-filesystem alternative (safetensors +
 ``/update_weights_from_disk``).
 """
@@ -12,12 +20,18 @@ server that fails is reported and dropped from the group's healthy set until it 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import re
 import socket
 import threading
+import uuid
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import torch
 
 from agent_r1.rollout.client import RolloutClient
@@ -28,6 +42,13 @@ DTYPE_NAMES = {
     torch.float16: "float16",
     torch.uint8: "uint8",
 }
+
+# The SGLang releases whose weight-update protocol this module speaks (checked by the contract
+# tests against each end of the window): flattened buckets (``load_format``) from 0.5.6, update
+# sessions required from 0.5.21. The ``gpu`` extra pins the same window.
+SGLANG_OLDEST = (0, 5, 6)
+SGLANG_BELOW = (0, 6)
+SGLANG_SESSIONS_FROM = (0, 5, 21)
 
 
 class WeightSyncError(RuntimeError):
@@ -40,15 +61,119 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def release(text: str) -> tuple[int, ...] | None:
+    """``"0.5.23"`` / ``"0.5.6.post2"`` / ``"0.5.21rc1"`` -> (0, 5, 23) / (0, 5, 6) / (0, 5, 21)."""
+    m = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?", str(text).strip())
+    if m is None:
+        return None
+    return tuple(int(g) for g in m.groups(default="0"))
+
+
+def window_text() -> str:
+    return f"{'.'.join(map(str, SGLANG_OLDEST))} <= version < {'.'.join(map(str, SGLANG_BELOW))}"
+
+
+@dataclass(frozen=True)
+class ServerProtocol:
+    """What one server's ``/server_info`` says about how to update it."""
+
+    url: str
+    version: str
+    tp_size: int = 1
+
+    @property
+    def sessions(self) -> bool:
+        v = release(self.version)
+        return v is not None and v >= SGLANG_SESSIONS_FROM
+
+
+def check_server_info(url: str, info: Any) -> ServerProtocol:
+    """The update protocol of a server from its ``/server_info``; a release outside the supported
+    window, or a layout whose ranks SGLang would number twice (``dp_size`` or ``pp_size`` > 1: every
+    replica / stage joins as ``rank_offset + tp_rank``), is refused naming the server."""
+    if not isinstance(info, dict):
+        raise WeightSyncError(f"{url}: /server_info answered {str(info)[:200]!r}, not a JSON object")
+    version = str(info.get("version", ""))
+    v = release(version)
+    if v is None or not (SGLANG_OLDEST <= v < SGLANG_BELOW):
+        raise WeightSyncError(
+            f"{url} runs SGLang {version or '(no version in /server_info)'}; the distributed weight push "
+            f"supports {window_text()} (pip install 'sglang>={'.'.join(map(str, SGLANG_OLDEST))},"
+            f"<{'.'.join(map(str, SGLANG_BELOW))}'), or set rollout.weight_sync=disk"
+        )
+    for key in ("dp_size", "pp_size"):
+        if int(info.get(key) or 1) > 1:
+            raise WeightSyncError(
+                f"{url}: {key}={info[key]}: SGLang numbers the update-group ranks rank_offset + tp_rank, "
+                f"so its replicas / stages would share ranks; run one server per replica "
+                f"(rollout.sglang.tp only) or set rollout.weight_sync=disk"
+            )
+    return ServerProtocol(url, version, int(info.get("tp_size") or 1))
+
+
+def tcp_address(host: str, port: int) -> str:
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def join_update_group(
+    backend: str,
+    master_address: str,
+    master_port: int,
+    world_size: int,
+    rank: int,
+    group_name: str,
+    timeout_s: float = 120.0,
+) -> Any:
+    """Join a weight-update group exactly as SGLang's servers do (``init_custom_process_group``):
+    ``rendezvous(tcp://...)`` -> ``PrefixStore(group_name)`` -> torch's ``_new_process_group_helper``
+    (which adds its own group-name and device prefixes) and the identity rank map. Rank 0 hosts the
+    store. Leave with ``torch.distributed.destroy_process_group(group)``."""
+    from torch.distributed import distributed_c10d as c10d
+
+    timeout = timedelta(seconds=timeout_s)
+    store, rank, world_size = next(
+        c10d.rendezvous(tcp_address(master_address, master_port), rank, world_size, timeout=timeout)
+    )
+    store.set_timeout(timeout)
+    store = c10d.PrefixStore(group_name, store)
+    params = inspect.signature(c10d._new_process_group_helper).parameters
+    options = {"backend_options" if "backend_options" in params else "pg_options": None}
+    group, _ = c10d._new_process_group_helper(
+        world_size,
+        rank,
+        [],
+        c10d.Backend(backend),
+        store,
+        group_name=group_name,
+        timeout=timeout,
+        device_id=None,
+        **options,
+    )
+    c10d._world.pg_group_ranks[group] = {i: i for i in range(world_size)}
+    return group
+
+
+def leave_update_group(group: Any) -> None:
+    import torch.distributed as dist
+
+    try:
+        dist.destroy_process_group(group)
+    except (ValueError, RuntimeError):  # already gone (a failed join, a second close)
+        pass
+
+
 def buckets(
     named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Group tensors in order into buckets of at most ``bucket_bytes`` (a larger tensor goes alone)."""
+    """Group tensors in order into buckets of at most ``bucket_bytes`` (a larger tensor goes alone).
+    A tensor whose byte offset in the bucket would not be a multiple of its element size starts a
+    new bucket: SGLang's ``FlattenedTensorBucket`` views each tensor at its offset and refuses an
+    unaligned one."""
     cur: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, t in named:
         n = t.numel() * t.element_size()
-        if cur and size + n > bucket_bytes:
+        if cur and (size + n > bucket_bytes or size % t.element_size()):
             yield cur
             cur, size = [], 0
         cur.append((name, t))
@@ -58,14 +183,50 @@ def buckets(
 
 
 def flatten(bucket: list[tuple[str, torch.Tensor]], device: torch.device | str = "cpu") -> torch.Tensor:
-    """One uint8 tensor of the bucket's bytes on ``device``: the GPU for NCCL (no host copy), the
-    CPU for gloo."""
+    """One uint8 tensor of the bucket's bytes on ``device`` (the layout of SGLang's
+    ``FlattenedTensorBucket``): the GPU for NCCL (no host copy), the CPU for gloo."""
     return torch.cat([t.detach().contiguous().to(device).view(-1).view(torch.uint8) for _, t in bucket])
+
+
+def bucket_body(bucket: list[tuple[str, torch.Tensor]], group_name: str, version: str | None) -> dict:
+    """The ``/update_weights_from_distributed`` body of one flattened bucket (SGLang's
+    ``UpdateWeightsFromDistributedReqInput``); the cache is flushed once after the last bucket."""
+    return {
+        "names": [n for n, _ in bucket],
+        "dtypes": [DTYPE_NAMES[t.dtype] for _, t in bucket],
+        "shapes": [list(t.shape) for _, t in bucket],
+        "group_name": group_name,
+        "load_format": "flattened_bucket",
+        "flush_cache": False,
+        "weight_version": version,
+    }
 
 
 def group_backend(tensors_on_cuda: bool) -> str:
     """NCCL when the weights live on a GPU (trainer and SGLang servers on GPU nodes), else gloo."""
     return "nccl" if tensors_on_cuda and torch.cuda.is_available() else "gloo"
+
+
+# the control calls of one push, in order (bodies as SGLang's request types take them)
+PAUSE_BODY = {"mode": "retract"}
+BEGIN_BODY: dict = {}
+END_BODY: dict = {}
+CONTINUE_BODY: dict = {}
+
+
+async def server_protocols(client: RolloutClient, servers: list[str]) -> list[ServerProtocol]:
+    async def one(url: str) -> ServerProtocol:
+        try:
+            info = await client.get(url, "/server_info")
+        except aiohttp.ClientResponseError as e:
+            if e.status != 404:
+                raise WeightSyncError(f"{url}: /server_info answered {e.status}: {e.message[:200]}") from None
+            info = await client.get(url, "/get_server_info")  # releases before /server_info
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            raise WeightSyncError(f"{url}: /server_info unreachable: {e}") from None
+        return check_server_info(url, info)
+
+    return list(await asyncio.gather(*(one(s) for s in servers)))
 
 
 class WeightUpdateGroup:
@@ -79,50 +240,78 @@ class WeightUpdateGroup:
         api_key: str | None = None,
     ):
         """``rollout_client``: the client that generates; servers that miss an update are disabled
-        in it until they have the new version."""
+        in it until they have the new version. ``group_name`` is a prefix: every (re-)formed group
+        gets a fresh name (torch refuses a process-group name twice in one process)."""
         self.servers = [s.rstrip("/") for s in servers]
         self.rollout_client = rollout_client
-        self.master_address, self.backend, self.group_name = master_address, backend, group_name
+        self.master_address, self.backend, self.prefix = master_address, backend, group_name
+        self.group_name = group_name
         self.client = RolloutClient(servers=self.servers, api_key=api_key)
         self.group = None
+        self.protocols: dict[str, ServerProtocol] = {}
         self.healthy = set(self.servers)
         # NCCL broadcasts from GPU memory (this rank's current device), gloo from host memory
         self.device = (
             torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         )
 
+    def init_bodies(self, port: int) -> list[dict]:
+        """One ``/init_weights_update_group`` body per server: rank offsets count every TP rank."""
+        world = 1 + sum(self.protocols[s].tp_size for s in self.servers)
+        bodies, offset = [], 1
+        for s in self.servers:
+            bodies.append(
+                {
+                    "master_address": self.master_address,
+                    "master_port": port,
+                    "rank_offset": offset,
+                    "world_size": world,
+                    "group_name": self.group_name,
+                    "backend": self.backend,
+                }
+            )
+            offset += self.protocols[s].tp_size
+        return bodies
+
+    @staticmethod
+    def _failed(servers: list[str], answers: list[Any]) -> dict[str, str]:
+        """Server -> what went wrong, for the answers that are errors or ``success: false``."""
+        return {
+            s: str(a) if isinstance(a, BaseException) else str(a.get("message", a))
+            for s, a in zip(servers, answers, strict=True)
+            if isinstance(a, BaseException) or (isinstance(a, dict) and a.get("success") is False)
+        }
+
+    async def _control(self, path: str, body: dict, servers: list[str]) -> dict[str, str]:
+        answers = await asyncio.gather(
+            *(self.client.post(s, path, body) for s in servers), return_exceptions=True
+        )
+        return {s: f"{path}: {why}" for s, why in self._failed(servers, answers).items()}
+
     async def init(self, timeout_s: float = 120.0) -> None:
         """Create the group: servers join over HTTP while this process joins as rank 0."""
-        import torch.distributed as dist
-
+        self.protocols = {p.url: p for p in await server_protocols(self.client, self.servers)}
+        self.group_name = f"{self.prefix}_{uuid.uuid4().hex[:12]}"
         port = free_port(self.master_address)
-        world = 1 + len(self.servers)
+        bodies = self.init_bodies(port)
         result: dict[str, object] = {}
 
         def join() -> None:
             try:
-                store = dist.TCPStore(
-                    self.master_address, port, world, is_master=True, timeout=timedelta(seconds=timeout_s)
+                result["group"] = join_update_group(
+                    self.backend,
+                    self.master_address,
+                    port,
+                    bodies[0]["world_size"],
+                    0,
+                    self.group_name,
+                    timeout_s,
                 )
-                store = dist.PrefixStore(self.group_name, store)
-                cls = dist.ProcessGroupGloo if self.backend == "gloo" else dist.ProcessGroupNCCL
-                result["group"] = cls(store, 0, world)
             except Exception as e:  # noqa: BLE001 - re-raised below with context
                 result["error"] = e
 
         t = threading.Thread(target=join, daemon=True)
         t.start()
-        bodies = [
-            {
-                "master_address": self.master_address,
-                "master_port": port,
-                "rank_offset": 1 + i,
-                "world_size": world,
-                "group_name": self.group_name,
-                "backend": self.backend,
-            }
-            for i in range(len(self.servers))
-        ]
         answers = await asyncio.gather(
             *(
                 self.client.post(s, "/init_weights_update_group", b)
@@ -131,63 +320,63 @@ class WeightUpdateGroup:
             return_exceptions=True,
         )
         await asyncio.to_thread(t.join, timeout_s)
-        bad = [
-            f"{s}: {a}"
-            for s, a in zip(self.servers, answers, strict=True)
-            if isinstance(a, BaseException) or not a.get("success")
-        ]
+        bad = self._failed(self.servers, answers)
         if bad or "error" in result:
+            if "group" in result:
+                leave_update_group(result["group"])
             raise WeightSyncError(f"weight update group failed: {bad or result.get('error')}")
         self.group = result["group"]
 
     async def push(
         self, named: Iterable[tuple[str, torch.Tensor]], version: int | str, bucket_bytes: int = 512 << 20
     ) -> float:
-        """Send every tensor; returns seconds taken. Raises WeightSyncError naming failed servers."""
+        """Send every tensor in one update session per server; returns seconds taken. Raises
+        WeightSyncError naming failed servers (they stay out of the healthy set until verified)."""
         if self.group is None:
             raise WeightSyncError("call init() before push()")
         import time
 
+        import torch.distributed as dist
+
         t0 = time.perf_counter()
         all_buckets = list(buckets(named, bucket_bytes))
-        for i, bucket in enumerate(all_buckets):
-            body = {
-                "names": [n for n, _ in bucket],
-                "dtypes": [DTYPE_NAMES[t.dtype] for _, t in bucket],
-                "shapes": [list(t.shape) for _, t in bucket],
-                "group_name": self.group_name,
-                "load_format": "flattened_bucket",
-                "flush_cache": True,
-                "weight_version": str(version) if i == len(all_buckets) - 1 else None,
-            }
-            flat = flatten(bucket, self.device)
-            calls = [
-                asyncio.ensure_future(self.client.post(s, "/update_weights_from_distributed", body))
-                for s in self.servers
-            ]
-            try:
-                await asyncio.to_thread(lambda f=flat: self.group.broadcast(f, 0).wait())
-            finally:
-                answers = await asyncio.gather(*calls, return_exceptions=True)
-            bad = [
-                f"{s}: {a}"
-                for s, a in zip(self.servers, answers, strict=True)
-                if isinstance(a, BaseException) or not a.get("success")
-            ]
-            if bad:
-                failed = {
-                    s
-                    for s, a in zip(self.servers, answers, strict=True)
-                    if isinstance(a, BaseException) or not a.get("success")
-                }
-                self._set_healthy(set(self.servers) - failed)
-                raise WeightSyncError(f"weight update (bucket {i + 1}/{len(all_buckets)}) failed on: {bad}")
+        sessions = [s for s in self.servers if self.protocols[s].sessions]
+        failed = await self._control("/pause_generation", PAUSE_BODY, self.servers)
+        failed |= await self._control("/begin_weight_update", BEGIN_BODY, sessions)
+        where = "starting the update session"
+        try:
+            for i, bucket in enumerate([] if failed else all_buckets):
+                where = f"bucket {i + 1}/{len(all_buckets)}"
+                last = i == len(all_buckets) - 1
+                body = bucket_body(bucket, self.group_name, str(version) if last else None)
+                flat = flatten(bucket, self.device)
+                calls = [
+                    asyncio.ensure_future(self.client.post(s, "/update_weights_from_distributed", body))
+                    for s in self.servers
+                ]
+                try:
+                    await asyncio.to_thread(lambda f=flat: dist.broadcast(f, src=0, group=self.group))
+                finally:
+                    answers = await asyncio.gather(*calls, return_exceptions=True)
+                failed |= self._failed(self.servers, answers)
+                if failed:
+                    break
+        finally:
+            # close the session, drop the KV computed with the old weights, let generation go on
+            end = await self._control("/end_weight_update", END_BODY, sessions)
+            end |= await self._control("/flush_cache", {}, self.servers)
+            end |= await self._control("/continue_generation", CONTINUE_BODY, self.servers)
+        if failed or end:
+            self._set_healthy(set(self.servers) - set(failed) - set(end))
+            raise WeightSyncError(
+                f"weight update ({where if failed else 'closing the session'}) failed on: {failed or end}"
+            )
         await self.verify(version)
         return time.perf_counter() - t0
 
     async def verify(self, version: int | str) -> None:
         answers = await asyncio.gather(
-            *(self.client.get(s, "/get_model_info") for s in self.servers), return_exceptions=True
+            *(self.client.get(s, "/model_info") for s in self.servers), return_exceptions=True
         )
         bad = [
             s
@@ -212,6 +401,8 @@ class WeightUpdateGroup:
             return_exceptions=True,
         )
         await self.client.close()
+        if self.group is not None:
+            leave_update_group(self.group)
         self.group = None
 
 
@@ -293,23 +484,33 @@ def push_weights_ipc(
     import urllib.error
     import urllib.request
 
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+
+    def call(path: str, body: dict | None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(url.rstrip("/") + path, data, headers)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            raise WeightSyncError(f"{url}: {path} answered {e.code}: {e.read()[:500]!r}") from None
+
+    protocol = check_server_info(url, call("/server_info", None))
     body = {
         "serialized_named_tensors": [serialize_named_tensors(named)],
         "flush_cache": True,
         "weight_version": str(version),
     }
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    req = urllib.request.Request(
-        url.rstrip("/") + "/update_weights_from_tensor", json.dumps(body).encode(), headers
-    )
+    if protocol.sessions:
+        answer = call("/begin_weight_update", BEGIN_BODY)
+        if answer.get("success") is False:
+            raise WeightSyncError(f"{url}: /begin_weight_update failed: {answer.get('message')}")
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            answer = json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        raise WeightSyncError(
-            f"{url}: /update_weights_from_tensor answered {e.code}: {e.read()[:500]!r}"
-        ) from None
+        answer = call("/update_weights_from_tensor", body)
+    finally:
+        if protocol.sessions:
+            call("/end_weight_update", END_BODY)
     if not answer.get("success"):
         raise WeightSyncError(f"{url}: /update_weights_from_tensor failed: {answer.get('message')}")

@@ -436,6 +436,15 @@ def test_weight_update_through_shared_memory_ipc(cluster, tiny_model_dir, tmp_pa
             got = http("POST", ipc.url + "/get_weights_by_name", {"name": name, "truncate_size": 5})[1]
             assert got == pytest.approx(changed[name].flatten()[:5].tolist(), abs=1e-6), name
         assert http("GET", ipc.url + "/get_model_info")[1]["weight_version"] == "7"
+        # as SGLang >= 0.5.21: an update outside a session is refused before it reads the body
+        status, body = http(
+            "POST", ipc.url + "/update_weights_from_tensor", {"serialized_named_tensors": "x"}
+        )
+        assert status == 400 and "must run between begin_weight_update()" in body["message"]
+        assert http("POST", ipc.url + "/begin_weight_update", {})[0] == 200
+        assert http("POST", ipc.url + "/begin_weight_update", {})[1]["message"].startswith(
+            "a weight-update session is already open"
+        )
         status, body = http(
             "POST", ipc.url + "/update_weights_from_tensor", {"serialized_named_tensors": "x"}
         )
@@ -444,6 +453,8 @@ def test_weight_update_through_shared_memory_ipc(cluster, tiny_model_dir, tmp_pa
             "POST", ipc.url + "/update_weights_from_tensor", {"serialized_named_tensors": ["!!"]}
         )
         assert status == 400 and "update_weights_from_tensor failed" in body["message"]
+        assert http("POST", ipc.url + "/end_weight_update", {})[0] == 200
+        assert http("POST", ipc.url + "/end_weight_update", {})[0] == 400
     finally:
         mp.set_sharing_strategy(before)
         ipc.kill()
