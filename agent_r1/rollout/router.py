@@ -115,10 +115,13 @@ def router_url(ready_file: Path, timeout_s: float) -> str:
 
 
 def register(router: str, server: str, api_key: str | None = None, timeout_s: float = 60.0) -> None:
-    """Add ``server`` to the router (``POST /workers``) and wait until the router lists it."""
-    status, text = _request(
-        "POST", router + "/workers", {"url": server, "worker_type": "regular"}, api_key=api_key
-    )
+    """Add ``server`` to the router (``POST /workers``) and wait until the router lists it. The
+    worker's key goes in the body (the router's ``WorkerConfigRequest.api_key``): the router's
+    health probes and requests to a keyed worker carry it."""
+    body = {"url": server, "worker_type": "regular"}
+    if api_key:
+        body["api_key"] = api_key
+    status, text = _request("POST", router + "/workers", body, api_key=api_key)
     if status >= 300:
         raise RuntimeError(f"router {router} refused worker {server}: {status} {text[:300]}")
     deadline = time.time() + timeout_s

@@ -45,18 +45,28 @@ async def servers_with_version(
 
 
 async def teacher_logprobs(client: Any, trajs: list[Any]) -> list[list[float]]:
-    """log pi_teacher of every action token given its observation (one prefill per step)."""
+    """log pi_teacher of every action token given its observation (one prefill per step).
+    Scoring starts one token early: SGLang answers the first position of ``logprob_start_len``
+    with ``null`` (no logprob computed for it), so that position is the observation's last token
+    and only the action's logprobs are kept."""
 
     async def one(step) -> list[float]:
+        n = len(step.action_token_ids)
         body = {
             "input_ids": list(step.obs_token_ids) + list(step.action_token_ids),
             "sampling_params": {"max_new_tokens": 1, "temperature": 1.0},
             "return_logprob": True,
-            "logprob_start_len": len(step.obs_token_ids),
+            "logprob_start_len": max(len(step.obs_token_ids) - 1, 0),
         }
         out = await client.generate_raw(body, session=step.trajectory_id)
-        lps = [float(x[0]) for x in out["meta_info"]["input_token_logprobs"]]
-        if len(lps) != len(step.action_token_ids):
+        got = out["meta_info"]["input_token_logprobs"][-n:] if n else []
+        if any(x[0] is None for x in got):
+            raise RuntimeError(
+                f"teacher returned no logprob for an action token ({step.trajectory_id} step "
+                f"{step.step_index}): {got[:3]}"
+            )
+        lps = [float(x[0]) for x in got]
+        if len(lps) != n:
             raise RuntimeError(
                 f"teacher returned {len(lps)} logprobs for {len(step.action_token_ids)} action tokens "
                 f"({step.trajectory_id} step {step.step_index})"
