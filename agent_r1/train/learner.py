@@ -279,19 +279,33 @@ class Learner:
 
     # ---- weights ---------------------------------------------------------------------------------
     def gather_hf_weights(self) -> dict[str, torch.Tensor] | None:
-        """Full HF-named weights on global rank 0 (pipeline stages gathered); None elsewhere."""
+        """Full HF-named weights on global rank 0; None elsewhere. Pipeline stages travel stage by
+        stage, point to point: the first rank (DP 0, TP 0) of each later stage sends its layers'
+        tensors to rank 0 (names, dtypes and shapes first), so rank 0 holds one model's weights at
+        most, never a whole-world gather of every rank's stage."""
         ps = self.ps
         named = dict(self.actor.export_hf())
         if ps.get_pipeline_model_parallel_world_size() == 1:
             return named if dist.get_rank() == 0 else None
-        mine = named if ps.get_data_parallel_rank() == 0 and ps.get_tensor_model_parallel_rank() == 0 else {}
-        parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-        dist.gather_object(mine, parts, dst=0)
+        if ps.get_data_parallel_rank() != 0 or ps.get_tensor_model_parallel_rank() != 0:
+            return None  # a replica or TP peer of a stage's first rank: it sends nothing
+        stages = dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())
         if dist.get_rank() != 0:
+            if dist.get_rank() in stages and 0 in stages:  # this stage's first rank: send to rank 0
+                meta = [[(n, t.dtype, tuple(t.shape)) for n, t in named.items()]]
+                dist.send_object_list(meta, dst=0)
+                for t in named.values():
+                    dist.send(t.detach().contiguous(), dst=0)
             return None
-        out: dict[str, torch.Tensor] = {}
-        for part in parts:
-            out.update(part)
+        device = next(iter(named.values())).device
+        out = dict(named)
+        for src in stages[1:]:
+            meta: list[Any] = [None]
+            dist.recv_object_list(meta, src=src)
+            for n, dtype, shape in meta[0]:
+                buf = torch.empty(shape, dtype=dtype, device=device)
+                dist.recv(buf, src=src)
+                out[n] = buf
         return out
 
     def reward_scaling_state(self) -> dict[str, float] | None:
