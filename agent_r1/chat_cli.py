@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agent_r1.errors import UsageError
+
 HELP = (
     "commands: /reset  /save FILE  /tools  /quit   (end a line with \\ to continue it; Ctrl-C stops a reply)"
 )
@@ -223,11 +225,11 @@ def run_chat(a: Any) -> int:
     tools = [t.strip() for t in a.tools.split(",")] if a.tools else None
     for t in tools or []:
         if t not in TOOLS:
-            raise SystemExit(f"--tools: no tool named {t!r}; known: {', '.join(TOOLS.names())}")
+            raise UsageError(f"--tools: no tool named {t!r}; known: {', '.join(TOOLS.names())}")
     cfg, model, source = resolve_model(a, Path(a.export_dir))
     tokenizer = a.tokenizer or model or (cfg.model.path if cfg is not None else None)
     if tokenizer is None:
-        raise SystemExit("--url needs --tokenizer (an HF folder with the model's tokenizer)")
+        raise UsageError("--url needs --tokenizer (an HF folder with the model's tokenizer)")
     if a.index:
         from agent_r1.retrieval import client as retrieval
 

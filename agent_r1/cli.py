@@ -8,7 +8,10 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
+from agent_r1 import cli_args
+from agent_r1.errors import expected_failure, one_line
 from agent_r1.logging import setup_logging
 
 
@@ -134,13 +137,8 @@ def _eval(a: argparse.Namespace) -> int:
     if sum(x is not None for x in (a.model, a.run, a.url)) != 1:
         print("agent-r1 eval: give exactly one of --model, --run, --url", file=sys.stderr)
         return 2
-    from agent_r1.data.rows import RowError
-
     setup_logging("eval")
-    try:
-        m = run_eval(a)
-    except RowError as e:
-        raise SystemExit(f"agent-r1 eval: {e}") from None
+    m = run_eval(a)
     lo, hi = m["success_ci95"]
     passes = " ".join(f"pass@{k} {v:.3f}" for k, v in m["pass_at_k"].items())
     print(
@@ -154,14 +152,10 @@ def _eval(a: argparse.Namespace) -> int:
 
 
 def _infer(a: argparse.Namespace) -> int:
-    from agent_r1.data.rows import RowError
     from agent_r1.infer import run_infer
 
     setup_logging("infer")
-    try:
-        m = run_infer(a)
-    except RowError as e:
-        raise SystemExit(f"agent-r1 infer: {e}") from None
+    m = run_infer(a)
     ok = "" if m["success"] is None else f"; success {m['success']:.3f} over {m['scored']} scored episodes"
     print(
         f"infer: {m['episodes']} episodes of {m['prompts']} prompts ({m['new_prompts']} new, "
@@ -184,7 +178,7 @@ def _view(a: argparse.Namespace) -> int:
     from agent_r1.viewer import write_view
 
     setup_logging("view")
-    out, d = write_view(a.run_dir, a.out, a.groups_per_iteration)
+    out, d = write_view(a.run_dir, a.out, a.groups_per_iteration, a.strict)
     print(
         f"{out}: {d['shown_trajectories']} of {d['total_trajectories']} trajectories, "
         f"{d['file_bytes'] / 1e6:.2f} MB; open it in a browser (no server needed)",
@@ -212,7 +206,7 @@ def _export(a: argparse.Namespace) -> int:
     setup_logging("export")
     run = Path(a.run_dir)
     cfg = from_yaml(run / "config.yaml")
-    ckpt = newest_checkpoint(run, a.iteration)
+    ckpt = newest_checkpoint(run, a.iteration, a.strict)
     out = export_checkpoint(ckpt, Path(cfg.model.path), Path(a.out), a.dtype)
     print(
         f"exported {ckpt} -> {out} ({a.dtype or 'float32'}); serve it: agent-r1 serve --model {out}",
@@ -380,11 +374,21 @@ def _retriever_serve(a: argparse.Namespace) -> int:
     return serve_retriever(a.index, a.host, a.port, a.ready_file, _api_key(a), a.mode)
 
 
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line (and where to read more), not the whole usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from recipes import RECIPES
 
-    p = argparse.ArgumentParser(
-        prog="agent-r1", description="Slurm-native end-to-end RL for multi-step LLM agents."
+    p = Parser(prog="agent-r1", description="Slurm-native end-to-end RL for multi-step LLM agents.")
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="a traceback for every failure (default: one line for expected ones)",
     )
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -396,13 +400,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--data", help="parquet data rows instead of --recipe")
     r.add_argument("--index", help="the search tools' retrieval index (agent-r1 index build)")
     r.add_argument("--split", default="test")
-    r.add_argument("--episodes", type=int, default=16, help="number of rows (prompts)")
-    r.add_argument("--group-size", type=int, default=1, help="samples per prompt")
-    r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    r.add_argument("--top-p", type=float, default=1.0)
-    r.add_argument("--max-steps", type=int, default=8)
-    r.add_argument("--max-obs-tokens", type=int, default=1536)
-    r.add_argument("--max-action-tokens", type=int, default=96)
+    r.add_argument("--episodes", type=cli_args.positive_int, default=16, help="number of rows (prompts)")
+    r.add_argument("--group-size", type=cli_args.positive_int, default=1, help="samples per prompt")
+    r.add_argument("--temperature", type=cli_args.nonneg_float, default=0.0, help="0 = greedy")
+    r.add_argument("--top-p", type=cli_args.probability, default=1.0)
+    r.add_argument("--max-steps", type=cli_args.positive_int, default=8)
+    r.add_argument("--max-obs-tokens", type=cli_args.positive_int, default=1536)
+    r.add_argument("--max-action-tokens", type=cli_args.positive_int, default=96)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--engine", default="embedded", help="embedded (default) | hf | URL[,URL...] | router=URL")
     r.add_argument("--out", help="write the step records to this Arrow IPC file")
@@ -412,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("data", help="write a recipe's data rows to parquet")
     d.add_argument("--recipe", required=True, choices=RECIPES)
     d.add_argument("--split", default="train")
-    d.add_argument("--num", type=int, default=64)
+    d.add_argument("--num", type=cli_args.positive_int, default=64)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", required=True)
     d.set_defaults(fn=_data)
@@ -422,24 +426,38 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--run", help="a run directory: its newest (or --iteration) checkpoint, the trainer's eval settings"
     )
-    ev.add_argument("--iteration", type=int, default=None, help="with --run: this iteration's checkpoint")
+    ev.add_argument(
+        "--iteration", type=cli_args.nonneg_int, default=None, help="with --run: this iteration's checkpoint"
+    )
     ev.add_argument("--url", help="a running server or sglang-router (needs --tokenizer)")
     ev.add_argument("--tokenizer", help="HF folder of the tokenizer (default: the model's)")
     ev.add_argument("--api-key", default=None, help="the server's API key (with --url)")
     ev.add_argument("--recipe", default=None, choices=RECIPES)
     ev.add_argument("--split", default=None, help="default test")
     ev.add_argument("--data", help="a parquet file of data rows instead of a recipe")
-    ev.add_argument("--num", type=int, default=None, help="prompts (default: the run's test_size, else 64)")
-    ev.add_argument("--n", type=int, default=1, help="samples per prompt (pass@k for k <= n)")
     ev.add_argument(
-        "--temperature", type=float, default=None, help="default: the run's eval temperature, else 0"
+        "--num",
+        type=cli_args.positive_int,
+        default=None,
+        help="prompts (default: the run's test_size, else 64)",
     )
-    ev.add_argument("--top-p", type=float, default=None)
+    ev.add_argument(
+        "--n", type=cli_args.positive_int, default=1, help="samples per prompt (pass@k for k <= n)"
+    )
+    ev.add_argument(
+        "--temperature",
+        type=cli_args.nonneg_float,
+        default=None,
+        help="default: the run's eval temperature, else 0",
+    )
+    ev.add_argument("--top-p", type=cli_args.probability, default=None)
     ev.add_argument("--seed", type=int, default=None)
-    ev.add_argument("--max-steps", type=int, default=None)
-    ev.add_argument("--max-obs-tokens", type=int, default=None)
-    ev.add_argument("--max-action-tokens", type=int, default=None)
-    ev.add_argument("--max-len", type=int, default=None, help="the embedded server's context length")
+    ev.add_argument("--max-steps", type=cli_args.positive_int, default=None)
+    ev.add_argument("--max-obs-tokens", type=cli_args.positive_int, default=None)
+    ev.add_argument("--max-action-tokens", type=cli_args.positive_int, default=None)
+    ev.add_argument(
+        "--max-len", type=cli_args.positive_int, default=None, help="the embedded server's context length"
+    )
     ev.add_argument("--dtype", default=None, choices=["float32", "bfloat16"])
     ev.add_argument(
         "--out",
@@ -451,6 +469,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--index", default=None, help="the search tools' index (default: the run's retrieval.index)"
     )
     ev.add_argument("--no-progress", action="store_true")
+    ev.add_argument(
+        "--strict",
+        action="store_true",
+        help="with --run: a damaged newest checkpoint is an error (default: the newest intact)",
+    )
     ev.set_defaults(fn=_eval)
 
     inf = sub.add_parser("infer", help="batch inference: prompts or data rows -> episodes -> JSON lines")
@@ -460,9 +483,11 @@ def build_parser() -> argparse.ArgumentParser:
     inf.add_argument("--out", required=True, help="answers.jsonl (resumed when it exists)")
     inf.add_argument("--model", help="an HF model folder")
     inf.add_argument("--run", help="a run directory: its newest (or --iteration) checkpoint")
-    inf.add_argument("--iteration", type=int, default=None)
+    inf.add_argument("--iteration", type=cli_args.nonneg_int, default=None)
     inf.add_argument("--url", action="append", help="a running server or router (repeat for several)")
-    inf.add_argument("--servers", type=int, default=1, help="embedded servers to start (without --url)")
+    inf.add_argument(
+        "--servers", type=cli_args.positive_int, default=1, help="embedded servers to start (without --url)"
+    )
     inf.add_argument("--tokenizer", help="HF folder of the tokenizer (default: the model's)")
     inf.add_argument("--api-key", default=None)
     inf.add_argument(
@@ -470,24 +495,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inf.add_argument("--tools", default=None, help="open prompts run as a tool agent: calculator,search")
     inf.add_argument("--index", default=None, help="the search tools' index")
-    inf.add_argument("--n", type=int, default=1, help="samples per prompt")
-    inf.add_argument("--temperature", type=float, default=0.0)
-    inf.add_argument("--top-p", type=float, default=1.0)
+    inf.add_argument("--n", type=cli_args.positive_int, default=1, help="samples per prompt")
+    inf.add_argument("--temperature", type=cli_args.nonneg_float, default=0.0)
+    inf.add_argument("--top-p", type=cli_args.probability, default=1.0)
     inf.add_argument("--seed", type=int, default=0)
-    inf.add_argument("--max-steps", type=int, default=8)
-    inf.add_argument("--max-obs-tokens", type=int, default=1536)
-    inf.add_argument("--max-action-tokens", type=int, default=256)
-    inf.add_argument("--max-len", type=int, default=2048, help="the embedded servers' context length")
+    inf.add_argument("--max-steps", type=cli_args.positive_int, default=8)
+    inf.add_argument("--max-obs-tokens", type=cli_args.positive_int, default=1536)
+    inf.add_argument("--max-action-tokens", type=cli_args.positive_int, default=256)
+    inf.add_argument(
+        "--max-len", type=cli_args.positive_int, default=2048, help="the embedded servers' context length"
+    )
     inf.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    inf.add_argument("--chunk", type=int, default=64, help="prompts per written chunk (the resume unit)")
-    inf.add_argument("--concurrency", type=int, default=64, help="episodes in flight")
+    inf.add_argument(
+        "--chunk", type=cli_args.positive_int, default=64, help="prompts per written chunk (the resume unit)"
+    )
+    inf.add_argument("--concurrency", type=cli_args.positive_int, default=64, help="episodes in flight")
     inf.add_argument("--no-progress", action="store_true")
     inf.set_defaults(fn=_infer)
 
     ch = sub.add_parser("chat", help="talk to a model with a recipe's tools in the terminal")
     ch.add_argument("--model", help="an HF model folder")
     ch.add_argument("--run", help="a run directory: its newest (or --iteration) checkpoint")
-    ch.add_argument("--iteration", type=int, default=None)
+    ch.add_argument("--iteration", type=cli_args.nonneg_int, default=None)
     ch.add_argument("--url", help="a running SGLang / agent-r1 server or router (needs --tokenizer)")
     ch.add_argument("--tokenizer", help="HF folder of the tokenizer (default: the model's)")
     ch.add_argument("--api-key", default=None)
@@ -495,13 +524,15 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--tools", default=None, help="a tool agent with these tools: calculator,search")
     ch.add_argument("--system", default=None, help="the system prompt (default: the recipe's)")
     ch.add_argument("--index", default=None, help="the search tool's index")
-    ch.add_argument("--temperature", type=float, default=0.0)
-    ch.add_argument("--top-p", type=float, default=1.0)
+    ch.add_argument("--temperature", type=cli_args.nonneg_float, default=0.0)
+    ch.add_argument("--top-p", type=cli_args.probability, default=1.0)
     ch.add_argument("--seed", type=int, default=None)
-    ch.add_argument("--max-steps", type=int, default=8, help="agent steps per user message")
-    ch.add_argument("--max-obs-tokens", type=int, default=4096)
-    ch.add_argument("--max-action-tokens", type=int, default=512)
-    ch.add_argument("--max-len", type=int, default=8192, help="the embedded engine's context length")
+    ch.add_argument("--max-steps", type=cli_args.positive_int, default=8, help="agent steps per user message")
+    ch.add_argument("--max-obs-tokens", type=cli_args.positive_int, default=4096)
+    ch.add_argument("--max-action-tokens", type=cli_args.positive_int, default=512)
+    ch.add_argument(
+        "--max-len", type=cli_args.positive_int, default=8192, help="the embedded engine's context length"
+    )
     ch.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ch.add_argument("--export-dir", default="chat_models", help="where --run's checkpoint is exported")
     ch.add_argument("--no-color", action="store_true")
@@ -512,7 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
     es = ens.add_parser("serve", help="serve a recipe's environment (e.g. webshop) over HTTP")
     es.add_argument("recipe")
     es.add_argument("--host", default="127.0.0.1")
-    es.add_argument("--port", type=int, default=0, help="0 = any free port")
+    es.add_argument("--port", type=cli_args.port, default=0, help="0 = any free port")
     es.add_argument("--ready-file", default=None, help='written with {"url"} once serving')
     es.add_argument("--data", default=None, help="the recipe's data folder (webshop: WebShop's files)")
     es.add_argument("--human", action="store_true", help="webshop: the human instructions")
@@ -530,6 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=8,
         help="groups shown per iteration (chosen evenly, seeded)",
     )
+    vw.add_argument("--strict", action="store_true", help="a damaged iteration is an error (default: marked)")
     vw.set_defaults(fn=_view)
 
     ix = sub.add_parser("index", help="retrieval indexes for search tools")
@@ -551,7 +583,7 @@ def build_parser() -> argparse.ArgumentParser:
     rs = rvs.add_parser("serve")
     rs.add_argument("--index", required=True)
     rs.add_argument("--host", default="127.0.0.1")
-    rs.add_argument("--port", type=int, default=8000)
+    rs.add_argument("--port", type=cli_args.port, default=8000)
     rs.add_argument("--mode", default="sparse", choices=["sparse", "dense", "hybrid"])
     rs.add_argument("--ready-file", default=None, help='written with {"url"} once serving')
     rs.add_argument("--api-key", default=None)
@@ -560,9 +592,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     ex = sub.add_parser("export", help="a run's checkpoint (any TP/PP) -> an HF folder with its tokenizer")
     ex.add_argument("run_dir")
-    ex.add_argument("--iteration", type=int, default=None, help="default: the newest complete checkpoint")
+    ex.add_argument(
+        "--iteration", type=cli_args.nonneg_int, default=None, help="default: the newest complete checkpoint"
+    )
     ex.add_argument("--out", required=True)
     ex.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    ex.add_argument("--strict", action="store_true", help="a damaged newest checkpoint is an error")
     ex.set_defaults(fn=_export)
 
     sv = sub.add_parser("serve", help="the embedded rollout engine behind SGLang's HTTP API")
@@ -573,12 +608,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="the model's id in the OpenAI API (default: the folder name)",
     )
     sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=30000, help="0 = any free port")
+    sv.add_argument("--port", type=cli_args.port, default=30000, help="0 = any free port")
     sv.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    sv.add_argument("--max-running", type=int, default=64, help="concurrent requests (KV slots)")
-    sv.add_argument("--max-len", type=int, default=None, help="tokens per request (prompt + output)")
-    sv.add_argument("--prefill-chunk", type=int, default=2048, help="prefill tokens per scheduler step")
-    sv.add_argument("--threads", type=int, default=None, help="torch threads")
+    sv.add_argument(
+        "--max-running", type=cli_args.positive_int, default=64, help="concurrent requests (KV slots)"
+    )
+    sv.add_argument(
+        "--max-len", type=cli_args.positive_int, default=None, help="tokens per request (prompt + output)"
+    )
+    sv.add_argument(
+        "--prefill-chunk", type=cli_args.positive_int, default=2048, help="prefill tokens per scheduler step"
+    )
+    sv.add_argument("--threads", type=cli_args.positive_int, default=None, help="torch threads")
     sv.add_argument("--device", default="cpu", help="where the model and KV cache live: cpu, cuda, cuda:N")
     sv.add_argument(
         "--weight-ipc",
@@ -592,7 +633,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-key", help="require `Authorization: Bearer KEY` on every endpoint but /health (as SGLang)"
     )
     sv.add_argument("--api-key-file", help="read the API key from this file (keeps it out of `ps`)")
-    sv.add_argument("--max-body-mb", type=int, default=256, help="larger request bodies are refused with 413")
+    sv.add_argument(
+        "--max-body-mb",
+        type=cli_args.positive_int,
+        default=256,
+        help="larger request bodies are refused with 413",
+    )
     sv.add_argument(
         "--strict",
         action="store_true",
@@ -644,9 +690,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run the role as a child and restart it when it dies (Slurm steps of rollout roles)",
     )
-    ro.add_argument("--max-restarts", type=int, default=5, help="with --supervise: restarts before giving up")
+    ro.add_argument(
+        "--max-restarts",
+        type=cli_args.nonneg_int,
+        default=5,
+        help="with --supervise: restarts before giving up",
+    )
     ro.add_argument("--run-dir", required=True)
-    ro.add_argument("--index", type=int, default=None, help="server/worker index (default: the task rank)")
+    ro.add_argument(
+        "--index", type=cli_args.nonneg_int, default=None, help="server/worker index (default: the task rank)"
+    )
     ro.set_defaults(fn=_role)
 
     from agent_r1.records_cli import add_parser as add_records
@@ -683,6 +736,24 @@ def main(argv: list[str] | None = None) -> int:
             raise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 141  # as a shell reports a process ended by SIGPIPE (128 + 13)
+    except Exception as e:  # the one error path: an expected failure is one line, a bug a traceback
+        code = expected_failure(e)
+        if code is None or a.debug:
+            raise
+        print(f"{command_name(a)}: {one_line(e)}", file=sys.stderr, flush=True)
+        return code
+
+
+def command_name(a: argparse.Namespace) -> str:
+    """``agent-r1 records stats``: the words the user typed to pick the command."""
+    words = [
+        a.command,
+        *(
+            getattr(a, k, None)
+            for k in ("records_command", "index_command", "env_command", "retriever_command")
+        ),
+    ]
+    return " ".join(["agent-r1", *(w for w in words if w)])
 
 
 if __name__ == "__main__":

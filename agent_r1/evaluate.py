@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent_r1.errors import AgentR1Error, UsageError
+
 log = logging.getLogger("agent_r1.eval")
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -104,19 +106,36 @@ class EvalSettings:
     dtype: str
 
 
-def newest_checkpoint(run: Path, iteration: int | None) -> Path:
+def newest_checkpoint(run: Path, iteration: int | None, strict: bool = False) -> Path:
+    """The checkpoint of ``iteration``, else the newest one that passes its checksums: a damaged
+    newer one is skipped with a warning naming its file (``strict``: an error)."""
+    from agent_r1.learner.checkpoint_files import CheckpointError, verify_checksums
     from agent_r1.records.shard import iteration_dirs
 
     done = {
         i: p for i, p in iteration_dirs(run / "checkpoints").items() if (p / "agent_r1_state.json").exists()
     }
     if not done:
-        raise SystemExit(f"{run} has no complete checkpoint under {run / 'checkpoints'}")
-    if iteration is None:
-        return done[max(done)]
-    if iteration not in done:
-        raise SystemExit(f"{run}: no checkpoint of iteration {iteration} (have {sorted(done)})")
-    return done[iteration]
+        raise AgentR1Error(f"{run} has no complete checkpoint under {run / 'checkpoints'}")
+    if iteration is not None:
+        if iteration not in done:
+            raise UsageError(f"--iteration {iteration}: {run} has no checkpoint of it (have {sorted(done)})")
+        verify_checksums(done[iteration])
+        return done[iteration]
+    damaged = []
+    for i in sorted(done, reverse=True):
+        try:
+            verify_checksums(done[i])
+        except CheckpointError as e:
+            if strict:
+                raise
+            log.warning("skipping damaged checkpoint: %s", e)
+            damaged.append(done[i].name)
+            continue
+        if damaged:
+            log.warning("using %s, the newest intact checkpoint (damaged: %s)", done[i], ", ".join(damaged))
+        return done[i]
+    raise AgentR1Error(f"{run}: every checkpoint is damaged ({', '.join(damaged)}); see the warnings above")
 
 
 def export_checkpoint(ckpt: Path, hf_like: Path, out: Path, dtype: str | None = None) -> Path:
@@ -128,7 +147,8 @@ def export_checkpoint(ckpt: Path, hf_like: Path, out: Path, dtype: str | None = 
            "--ckpt", str(ckpt), "--hf", str(hf_like), "--out", str(out)]  # fmt: skip
     r = subprocess.run([*cmd, *(["--dtype", dtype] if dtype else [])], capture_output=True, text=True)
     if r.returncode != 0:
-        raise SystemExit(f"exporting {ckpt} failed:\n{r.stderr[-3000:]}")
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        raise AgentR1Error(f"exporting {ckpt} failed: {lines[-1] if lines else f'exit {r.returncode}'}")
     return out
 
 
@@ -137,18 +157,18 @@ def resolve_model(a: Any, export_dir: Path) -> tuple[Any, str | None, str]:
     ``--model`` / ``--run [--iteration]`` / ``--url``; a run's checkpoint is exported under
     ``export_dir``. Errors say what is wrong with which path."""
     if sum(bool(x) for x in (a.model, a.run, a.url)) != 1:
-        raise SystemExit("give one of --model DIR, --run RUN_DIR or --url URL")
+        raise UsageError("give one of --model DIR, --run RUN_DIR or --url URL")
     if a.model and not (Path(a.model) / "config.json").exists():
-        raise SystemExit(f"--model {a.model}: not an HF model folder (no config.json)")
+        raise UsageError(f"--model {a.model}: not an HF model folder (no config.json)")
     if not a.run:
         return None, a.model, a.model or a.url
     from agent_r1.train.config import from_yaml
 
     run = Path(a.run)
     if not (run / "config.yaml").exists():
-        raise SystemExit(f"--run {run}: not a run directory (no config.yaml)")
+        raise UsageError(f"--run {run}: not a run directory (no config.yaml)")
     cfg = from_yaml(run / "config.yaml")
-    ckpt = newest_checkpoint(run, a.iteration)
+    ckpt = newest_checkpoint(run, a.iteration, getattr(a, "strict", False))
     log.info("exporting %s to an HF folder", ckpt)
     return cfg, str(export_checkpoint(ckpt, Path(cfg.model.path), export_dir / f"hf_{ckpt.name}")), str(ckpt)
 
@@ -179,10 +199,10 @@ def start_server(model: str, max_len: int, dtype: str, threads: int | None) -> t
     while not ready.exists():
         if proc.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:]
-            raise SystemExit(f"the embedded server failed to start: {tail}")
+            raise AgentR1Error(f"the embedded server failed to start: {tail}")
         if time.time() > deadline:
             proc.kill()
-            raise SystemExit("the embedded server did not start within 300 s")
+            raise AgentR1Error("the embedded server did not start within 300 s")
         time.sleep(0.1)
     return proc, json.loads(ready.read_text())["url"]
 
@@ -253,6 +273,11 @@ def run_eval(a: Any) -> dict[str, Any]:
             retrieval.LocalRetriever(retrieval.open_index(cfg.retrieval.index, cfg.retrieval.mode))
         )
     s = settings(a, cfg)
+    if s.max_obs_tokens + s.max_action_tokens > s.max_len:
+        raise UsageError(
+            f"--max-obs-tokens {s.max_obs_tokens} + --max-action-tokens {s.max_action_tokens} do not fit"
+            f" --max-len {s.max_len} (the server's context)"
+        )
     if a.data:
         rows = load_rows(a.data, AGENTS)[: s.num]
     elif cfg is not None and a.recipe is None and a.split is None:
@@ -265,7 +290,7 @@ def run_eval(a: Any) -> dict[str, Any]:
         rows = load_recipe(s.recipe).build_rows(split=s.split, num=s.num, seed=r.seed if r else 0, **opts)
     tokenizer = a.tokenizer or model or (cfg.model.path if cfg is not None else None)
     if tokenizer is None:
-        raise SystemExit("--url needs --tokenizer (an HF folder with the model's tokenizer)")
+        raise UsageError("--url needs --tokenizer (an HF folder with the model's tokenizer)")
     codec = ChatCodec.load(tokenizer)
     sampling = SamplingParams(
         temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_action_tokens, seed=s.seed

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
+
+from agent_r1.errors import UsageError
 
 log = logging.getLogger("agent_r1.infer")
 
@@ -42,13 +45,26 @@ def open_prompt_template(recipe: str | None, tools: list[str] | None) -> Any:
 
 def read_inputs(path: str | Path, recipe: str | None = None, tools: list[str] | None = None) -> list[Any]:
     """Data rows of ``path`` (see the module doc); errors name the file and row."""
+    return [row for _, row in located_inputs(path, recipe, tools)]
+
+
+def _ground_truth_ok(x: Any) -> bool:
+    if isinstance(x, list):
+        return all(_ground_truth_ok(v) for v in x)
+    return isinstance(x, str | int) or (isinstance(x, float) and math.isfinite(x))
+
+
+def located_inputs(
+    path: str | Path, recipe: str | None = None, tools: list[str] | None = None
+) -> list[tuple[str, Any]]:
+    """``(where, data row)`` of every record of ``path``: ``where`` is ``file:line`` or ``file row n``."""
     from agent_r1.agent.flow import AGENTS
     from agent_r1.data.rows import DataRow, RowError, load_rows, validate_row
     from agent_r1.jsonfiles import iter_records
 
     path = Path(path)
     if path.suffix == ".parquet":
-        return load_rows(path, AGENTS)
+        return [(f"{path} row {n}", r) for n, r in enumerate(load_rows(path, AGENTS))]
     template = open_prompt_template(recipe, tools)
     out = []
     for where, rec in iter_records(path, RowError, "input file"):
@@ -58,7 +74,7 @@ def read_inputs(path: str | Path, recipe: str | None = None, tools: list[str] | 
             row = validate_row(rec, where)
             if row.agent_name not in AGENTS:
                 raise RowError(f"{where}: unknown agent {row.agent_name!r}; known: {AGENTS.names()}")
-            out.append(row)
+            out.append((where, row))
             continue
         if isinstance(rec.get("prompt"), str) and rec["prompt"].strip():
             messages = [{"role": "user", "content": rec["prompt"]}]
@@ -75,30 +91,57 @@ def read_inputs(path: str | Path, recipe: str | None = None, tools: list[str] | 
             raise RowError(f"{where}: needs a non-empty 'prompt' string, 'messages', or a data row's keys")
         if messages[0]["role"] != "system":
             messages = template.prompt + messages
+        if not _ground_truth_ok(rec.get("ground_truth", "")):
+            raise RowError(
+                f"{where}: ground_truth must be a string, a finite number or a list of them,"
+                f" got {rec['ground_truth']!r}"
+            )
         reward = dict(template.reward_model)
         if rec.get("ground_truth") is not None and reward["style"] != "unscored":
             reward["ground_truth"] = rec["ground_truth"]
         else:
             reward = {"style": "unscored", "ground_truth": ""}
         extra = {"id": rec["id"]} if "id" in rec else {}
-        out.append(
-            DataRow(
-                messages, template.agent_name, reward, template.data_source, dict(template.env_kwargs), extra
-            )
+        row = DataRow(
+            messages, template.agent_name, reward, template.data_source, dict(template.env_kwargs), extra
         )
+        out.append((where, row))
     if not out:
         raise RowError(f"{path}: no records")
     return out
 
 
+def check_fits(located: list[tuple[str, Any]], codec: Any, max_obs_tokens: int) -> None:
+    """Refuse, before any server starts, a prompt that cannot fit the observation budget: a token
+    covers at most ``codec.max_token_chars`` characters, so a prompt of ``c`` characters is at least
+    ``c // max_token_chars`` tokens (a bound, no tokenizing: a 50 MB line is refused at once)."""
+    from agent_r1.agent.chat import content_text
+    from agent_r1.data.rows import RowError
+
+    for where, row in located:
+        chars = sum(len(content_text(m.get("content", ""))) for m in row.prompt)
+        at_least = chars // codec.max_token_chars
+        if at_least > max_obs_tokens:
+            raise RowError(
+                f"{where}: the prompt ({chars} characters, at least {at_least} tokens) cannot fit"
+                f" --max-obs-tokens {max_obs_tokens}"
+            )
+
+
 def episode_line(index: int, row: Any, traj: Any, codec: Any) -> dict[str, Any]:
+    base = {
+        "index": index,
+        "id": row.extra_info.get("id", index),
+        "sample": int(traj.trajectory_id.rsplit("-s", 1)[1]),
+    }
+    if not traj.steps:  # the first observation did not fit the budget: nothing was generated
+        return {**base, "answer": None, "steps": 0, "tool_calls": [], "tool_errors": 0, "truncated": True,
+                "reward": None, "success": None, "error": "the prompt is longer than --max-obs-tokens"}  # fmt: skip
     last = traj.steps[-1]
     calls = [c for s in traj.steps for c in s.info.get("tool_calls", [])]
     scored = row.reward_model.get("style") != "unscored"
     return {
-        "index": index,
-        "id": row.extra_info.get("id", index),
-        "sample": int(traj.trajectory_id.rsplit("-s", 1)[1]),
+        **base,
         "answer": codec.decode_action(last.action_token_ids),
         "steps": len(traj.steps),
         "tool_calls": [{k: c.get(k) for k in ("name", "error") if c.get(k) is not None} for c in calls],
@@ -148,8 +191,9 @@ def run_infer(a: Any) -> dict[str, Any]:
 
         unknown = [t for t in tools if t not in TOOLS]
         if unknown:
-            raise SystemExit(f"--tools: no tool named {unknown[0]!r}; known: {', '.join(TOOLS.names())}")
-    rows = read_inputs(a.input, a.recipe, tools)
+            raise UsageError(f"--tools: no tool named {unknown[0]!r}; known: {', '.join(TOOLS.names())}")
+    located = located_inputs(a.input, a.recipe, tools)
+    rows = [row for _, row in located]
     cfg, model, _ = resolve_model(a, out.parent / f"{out.stem}.models")
     if getattr(a, "index", None):
         from agent_r1.retrieval import client as retrieval
@@ -157,8 +201,14 @@ def run_infer(a: Any) -> dict[str, Any]:
         retrieval.set_default(retrieval.LocalRetriever(retrieval.open_index(a.index)))
     tokenizer = a.tokenizer or model or (cfg.model.path if cfg is not None else None)
     if tokenizer is None:
-        raise SystemExit("--url needs --tokenizer (an HF folder with the model's tokenizer)")
+        raise UsageError("--url needs --tokenizer (an HF folder with the model's tokenizer)")
     codec = ChatCodec.load(tokenizer)
+    check_fits(located, codec, a.max_obs_tokens)
+    if not a.url and a.max_obs_tokens + a.max_action_tokens > a.max_len:  # the embedded servers' context
+        raise UsageError(
+            f"--max-obs-tokens {a.max_obs_tokens} + --max-action-tokens {a.max_action_tokens} do not fit"
+            f" --max-len {a.max_len} (the server's context)"
+        )
     done = done_indices(out, a.n)
     todo = [i for i in range(len(rows)) if i not in done]
     if done:

@@ -21,20 +21,29 @@ def iter_records(
     path = Path(path)
     if not path.exists():
         raise error(f"{what} {path} does not exist")
-    with path.open(encoding="utf-8") as f:
+    with path.open("rb") as f:  # bytes: a line that is not UTF-8 is named, not a decoder traceback
         head = f.read(4096)
         f.seek(0)
-        if head.lstrip().startswith("["):
+        if head.lstrip().startswith(b"["):
+            data = f.read()
             try:
-                rows = json.load(f)
+                rows = json.loads(_text(data, f"{path}", error))
             except json.JSONDecodeError as e:
                 raise error(f"{path}: not JSON ({e})") from None
             yield from ((f"{path} row {n}", r) for n, r in enumerate(rows))
             return
-        for n, line in enumerate(f, 1):
+        for n, raw in enumerate(f, 1):
+            line = _text(raw, f"{path}:{n}", error)
             if not line.strip():
                 continue
             try:
                 yield f"{path}:{n}", json.loads(line)
             except json.JSONDecodeError as e:
                 raise error(f"{path}:{n}: not JSON ({e})") from None
+
+
+def _text(data: bytes, where: str, error: type[Exception]) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{where}: not UTF-8 text (byte {e.start}: {data[e.start : e.start + 1]!r})") from None

@@ -10,11 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from agent_r1 import cli_args
+from agent_r1.errors import AgentR1Error
 from agent_r1.logging import setup_logging
 
 
@@ -87,12 +90,17 @@ def _stats(t: pa.Table) -> dict[str, float]:
 def cmd_stats(a: argparse.Namespace) -> int:
     from agent_r1.records.reader import RecordStore
 
-    store = RecordStore(a.dir)
     out = {}
-    for it in store.iterations():
-        out[f"iter_{it:06d}"] = _stats(store.read(it))
+    for it, table, damaged in RecordStore(a.dir).readable(a.strict):
+        out[f"iter_{it:06d}"] = _stats(table) if damaged is None else {"damaged": _skipping(it, damaged)}
     print(json.dumps(out, indent=1))
     return 0
+
+
+def _skipping(iteration: int, why: str) -> str:
+    """Say on stderr (stdout is the command's output) that a damaged iteration is skipped."""
+    print(f"warning: skipping damaged iteration {iteration}: {why}", file=sys.stderr, flush=True)
+    return why
 
 
 def cmd_show(a: argparse.Namespace) -> int:
@@ -100,15 +108,21 @@ def cmd_show(a: argparse.Namespace) -> int:
     from agent_r1.records.schema import records_from_table, table_images
 
     store = RecordStore(a.dir)
-    its = store.iterations()
-    if not its:
-        raise SystemExit(f"no finalized iterations under {store.dir}")
-    it = a.iteration if a.iteration is not None else its[-1]
-    t = store.read(it)
+    if a.iteration is not None:
+        it, t = a.iteration, store.read(a.iteration)  # the one asked for: damaged is an error
+    else:  # the newest intact one
+        it = t = None
+        for i, table, damaged in store.readable(a.strict, newest_first=True):
+            if damaged is None:
+                it, t = i, table
+                break
+            _skipping(i, damaged)
+        if t is None:
+            raise AgentR1Error(f"no readable finalized iteration under {store.dir}")
     tid = a.trajectory or t.column("trajectory_id")[0].as_py()
     t = t.filter(pc.equal(t.column("trajectory_id"), tid))
     if t.num_rows == 0:
-        raise SystemExit(f"trajectory {tid!r} not found in iteration {it}")
+        raise AgentR1Error(f"trajectory {tid!r} not found in iteration {it}")
     tok = None
     if a.tokenizer:
         from transformers import AutoTokenizer
@@ -118,7 +132,7 @@ def cmd_show(a: argparse.Namespace) -> int:
     try:
         stored = {h: buf.size for (_, h), buf in table_images(t).items()}
     except ValueError as e:
-        raise SystemExit(f"iteration {it}: {e}") from None
+        raise AgentR1Error(f"iteration {it}: {e}") from None
     extra = {n: t.column(n).to_pylist() for n in ("advantage", "return", "value") if n in t.column_names}
     print(f"trajectory {tid}  group {recs[0].group_id}  iteration {it}  steps {len(recs)}")
     for i, r in enumerate(recs):
@@ -210,12 +224,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     rs = p.add_subparsers(dest="records_command", required=True)
 
     s = rs.add_parser("synth", help="write synthetic but realistic step records")
-    s.add_argument("--trajectories", type=int, required=True)
-    s.add_argument("--group-size", type=int, default=4)
-    s.add_argument("--max-steps", type=int, default=6)
+    s.add_argument("--trajectories", type=cli_args.positive_int, required=True)
+    s.add_argument("--group-size", type=cli_args.positive_int, default=4)
+    s.add_argument("--max-steps", type=cli_args.positive_int, default=6)
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--writers", type=int, default=2, help="number of shards (one per writer)")
-    s.add_argument("--iteration", type=int, default=0)
+    s.add_argument(
+        "--writers", type=cli_args.positive_int, default=2, help="number of shards (one per writer)"
+    )
+    s.add_argument("--iteration", type=cli_args.nonneg_int, default=0)
     s.add_argument(
         "--compression",
         default="none",
@@ -227,25 +243,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     st = rs.add_parser("stats", help="per-iteration statistics as JSON")
     st.add_argument("dir")
+    st.add_argument(
+        "--strict", action="store_true", help="a damaged iteration is an error (default: skipped)"
+    )
     st.set_defaults(fn=cmd_stats)
 
     sh = rs.add_parser("show", help="a readable dump of one trajectory, step by step")
     sh.add_argument("dir")
     sh.add_argument("--trajectory", help="trajectory id (default: the first)")
-    sh.add_argument("--iteration", type=int, help="default: the newest")
+    sh.add_argument("--iteration", type=cli_args.nonneg_int, help="default: the newest")
     sh.add_argument("--tokenizer", help="HF tokenizer folder to decode observations and actions")
+    sh.add_argument(
+        "--strict", action="store_true", help="a damaged iteration is an error (default: skipped)"
+    )
     sh.set_defaults(fn=cmd_show)
 
     ad = rs.add_parser("advantages", help="write records with advantages (single process or under mpirun)")
     ad.add_argument("dir")
     ad.add_argument("--estimator", required=True, choices=ADVANTAGES.names())
-    ad.add_argument("--gamma", type=float, default=1.0)
-    ad.add_argument("--lam", type=float, default=1.0)
+    ad.add_argument("--gamma", type=cli_args.unit_interval, default=1.0)
+    ad.add_argument("--lam", type=cli_args.unit_interval, default=1.0)
     ad.add_argument("--no-std", action="store_true", help="GRPO without std normalisation (Dr.GRPO)")
     ad.add_argument("--no-whiten", action="store_true", help="GAE/REINFORCE++ without batch whitening")
-    ad.add_argument("--gigpo-step-weight", type=float, default=1.0)
+    ad.add_argument("--gigpo-step-weight", type=cli_args.finite_float, default=1.0)
     ad.add_argument("--equal-trajectory-weight", action="store_true")
-    ad.add_argument("--process-coef", type=float, default=1.0, help="weight of tool-call process rewards")
+    ad.add_argument(
+        "--process-coef", type=cli_args.finite_float, default=1.0, help="weight of tool-call process rewards"
+    )
     ad.add_argument("--out", required=True)
     ad.set_defaults(fn=cmd_advantages)
 

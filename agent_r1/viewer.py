@@ -23,6 +23,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+from agent_r1.errors import AgentR1Error
+
 log = logging.getLogger("agent_r1.view")
 ASSETS = Path(__file__).resolve().parent / "viewer_assets"
 MAX_CHARS = 4000  # per text field; the rest is cut with a note
@@ -95,15 +97,15 @@ def _step(row: dict[str, Any], adv: float | None, codec: Any) -> dict[str, Any]:
     }
 
 
-def collect(run: Path, groups_per_iteration: int = 8, seed: int = 0) -> dict[str, Any]:
-    """Everything the page shows, as plain JSON."""
+def collect(run: Path, groups_per_iteration: int = 8, seed: int = 0, strict: bool = False) -> dict[str, Any]:
+    """Everything the page shows, as plain JSON; a damaged iteration is marked (``strict``: an error)."""
     from agent_r1.agent.chat import ChatCodec
     from agent_r1.records.reader import RecordStore
     from agent_r1.train.config import from_yaml
     from agent_r1.train.plot import read_scalars
 
     if not (run / "config.yaml").exists():
-        raise SystemExit(f"{run}: not a run directory (no config.yaml)")
+        raise AgentR1Error(f"{run}: not a run directory (no config.yaml)")
     cfg = from_yaml(run / "config.yaml")
     codec = ChatCodec.load(cfg.model.path)
     rng = random.Random(seed)
@@ -113,9 +115,13 @@ def collect(run: Path, groups_per_iteration: int = 8, seed: int = 0) -> dict[str
     for kind, folder in (("train", run / "records"), ("eval", run / "eval_records")):
         if not folder.exists():
             continue
-        store = RecordStore(folder)
-        for it in store.iterations():
-            table = store.read(it)
+        for it, table, damaged in RecordStore(folder).readable(strict):
+            if damaged is not None:  # named on the page and in the log; the rest is shown
+                log.warning("skipping damaged %s iteration %d: %s", kind, it, damaged)
+                iterations.append(
+                    {"kind": kind, "it": it, "groups": [], "total": 0, "total_groups": 0, "damaged": damaged}
+                )
+                continue
             advs = _advantages(table, cfg) if kind == "train" else [None] * table.num_rows
             rows = table.drop_columns(
                 [
@@ -192,10 +198,10 @@ def render(data: dict[str, Any]) -> str:
 
 
 def write_view(
-    run: str | Path, out: str | Path | None = None, groups_per_iteration: int = 8
+    run: str | Path, out: str | Path | None = None, groups_per_iteration: int = 8, strict: bool = False
 ) -> tuple[Path, dict[str, Any]]:
     run = Path(run).resolve()
-    data = collect(run, groups_per_iteration)
+    data = collect(run, groups_per_iteration, strict=strict)
     out = Path(out) if out else run / "view.html"
     text = render(data)
     # the page states its own size: render once, measure, then write the number in

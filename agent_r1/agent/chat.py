@@ -150,6 +150,12 @@ class ChatCodec:
     def vocab_size(self) -> int:
         return len(self.tokenizer)
 
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token can stand for: its vocabulary string's length (byte-level
+        BPE spells each byte as one character, and a text character is at least one byte)."""
+        return max(len(t) for t in self.tokenizer.get_vocab())
+
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 

@@ -21,6 +21,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from agent_r1.errors import AgentR1Error
+
 ROLES = ("system", "user", "assistant", "tool")
 REQUIRED = ("prompt", "agent_name", "reward_model", "env_kwargs", "data_source")
 
@@ -38,7 +40,7 @@ IMAGE_PLACEHOLDER = "<image>"
 IMAGES_FIELD = pa.field("images", pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())])))
 
 
-class RowError(ValueError):
+class RowError(AgentR1Error, ValueError):
     """A data row is invalid; the message names the file, row and key."""
 
 

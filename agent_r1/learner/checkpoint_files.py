@@ -19,13 +19,15 @@ from pathlib import Path
 
 import torch
 
+from agent_r1.errors import AgentR1Error
+
 log = logging.getLogger("agent_r1.checkpoint")
 
 CHECKSUMS = "checksums.json"
 _CHUNK = 8 << 20
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(AgentR1Error, RuntimeError):
     """A checkpoint cannot be used; the message names the file or parameter and why."""
 
 

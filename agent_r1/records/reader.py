@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,9 @@ class RecordStore:
     def __init__(self, records_dir: str | Path):
         self.dir = resolve_records_dir(records_dir)
         if not self.dir.is_dir():
-            raise FileNotFoundError(f"no records directory at {self.dir}")
+            raise FileNotFoundError(
+                f"no records directory at {self.dir} (give a run directory or its records/ folder)"
+            )
 
     def iterations(self, finalized_only: bool = True) -> list[int]:
         return [
@@ -44,10 +47,31 @@ class RecordStore:
             if not finalized_only or (p / "manifest.json").exists()
         ]
 
+    def readable(
+        self, strict: bool = False, newest_first: bool = False, **read: Any
+    ) -> Iterator[tuple[int, pa.Table | None, str | None]]:
+        """``(iteration, table, None)`` for every finalized iteration, in order; a damaged one (a
+        shard or manifest that fails its checks) is ``(iteration, None, why)``, ``why`` naming the
+        file, and the rest are still read. ``strict``: a damaged iteration raises instead."""
+        its = self.iterations()
+        for it in reversed(its) if newest_first else its:
+            try:
+                yield it, self.read(it, **read), None
+            except ShardError as e:
+                if strict:
+                    raise
+                yield it, None, str(e)
+
     def manifest(self, iteration: int) -> dict[str, Any]:
         path = iteration_dir(self.dir, iteration) / "manifest.json"
         if not path.exists():
-            raise ShardError(f"{path}: iteration {iteration} is not finalized (no manifest)")
+            have = self.iterations()
+            span = ", ".join(map(str, have)) if len(have) <= 4 else f"{len(have)}, {have[0]} to {have[-1]}"
+            raise ShardError(
+                f"{self.dir}: no finalized iteration {iteration} (have {span})"
+                if not path.parent.exists()
+                else f"{path}: iteration {iteration} is not finalized (no manifest)"
+            )
         try:
             return json.loads(path.read_text())
         except json.JSONDecodeError as e:

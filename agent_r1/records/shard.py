@@ -25,12 +25,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
+from agent_r1.errors import AgentR1Error
 from agent_r1.records.schema import check_schema
 
 COMPRESSIONS = ("none", "lz4", "zstd")
 
 
-class ShardError(ValueError):
+class ShardError(AgentR1Error, ValueError):
     """A shard or manifest is missing, truncated, corrupt, or does not match its metadata."""
 
 

@@ -19,12 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from agent_r1.errors import AgentR1Error
 from agent_r1.retrieval.index import Hit, Index
 
 log = logging.getLogger("agent_r1.retrieval")
 
 
-class RetrievalError(RuntimeError):
+class RetrievalError(AgentR1Error, RuntimeError):
     pass
 
 

@@ -14,10 +14,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent_r1.errors import AgentR1Error
 from agent_r1.jsonfiles import iter_records
 
 
-class CorpusError(ValueError):
+class CorpusError(AgentR1Error, ValueError):
     pass
 
 

@@ -19,14 +19,15 @@ from typing import Any
 
 import aiohttp
 
+from agent_r1.errors import AgentR1Error
 from agent_r1.rollout.protocol import Completion, FinishReason, SamplingParams
 
 
-class RolloutError(RuntimeError):
+class RolloutError(AgentR1Error, RuntimeError):
     """No server could serve a request; the message lists what each one said."""
 
 
-class RequestRejected(ValueError):
+class RequestRejected(AgentR1Error, ValueError):
     """The server answered 400: the request itself is invalid (message from the server)."""
 
 

@@ -34,6 +34,7 @@ from typing import Any
 import aiohttp
 import torch
 
+from agent_r1.errors import AgentR1Error
 from agent_r1.rollout.client import RolloutClient
 
 DTYPE_NAMES = {
@@ -51,7 +52,7 @@ SGLANG_BELOW = (0, 6)
 SGLANG_SESSIONS_FROM = (0, 5, 21)
 
 
-class WeightSyncError(RuntimeError):
+class WeightSyncError(AgentR1Error, RuntimeError):
     """A weight push failed on at least one server (named in the message)."""
 
 

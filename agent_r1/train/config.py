@@ -8,7 +8,8 @@ starts before the whole config is valid.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from agent_r1.algos.advantages import AdvantageConfig
 from agent_r1.algos.losses import LossConfig
+from agent_r1.errors import UsageError
 from agent_r1.learner.optim import OptimConfig
 from agent_r1.rollout.served import RESERVED
 from agent_r1.rollout.sglang import SGLangConfig
@@ -24,7 +26,7 @@ from agent_r1.rollout.sglang import SGLangConfig
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError, ValueError):
     """A config key or value is wrong; the message names it."""
 
 
@@ -379,12 +381,33 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def __post_init__(self) -> None:
+        _check_numbers(self, "")
         bridge_config(self)  # the learner's own checks of model.dtype / precision / fp8_recipe, tp, pp
+        budget = self.rollout.max_obs_tokens + self.rollout.max_action_tokens
+        _check(
+            budget <= self.model.max_len,
+            "rollout.max_obs_tokens + rollout.max_action_tokens",
+            f"{self.rollout.max_obs_tokens} + {self.rollout.max_action_tokens} = {budget} does not fit"
+            f" model.max_len {self.model.max_len} (the servers' context): lower one or raise model.max_len",
+        )
         _check(
             self.cluster.launcher == "slurm" or self.parallel.backend == "gloo",
             "parallel.backend",
             "the local launcher runs on CPU: use gloo",
         )
+
+
+def _check_numbers(node: Any, prefix: str) -> None:
+    """Every float of every slice is finite (``optim.lr=inf`` is no learning rate) and every
+    ``*timeout_s`` is > 0: checked once here, so no slice can forget it."""
+    for f in fields(node):
+        v, key = getattr(node, f.name), f"{prefix}{f.name}"
+        if is_dataclass(v):
+            _check_numbers(v, key + ".")
+        elif isinstance(v, float):
+            _check(math.isfinite(v), key, f"must be a finite number, got {v}")
+            if f.name.endswith("timeout_s"):
+                _check(v > 0, key, f"must be > 0 seconds, got {v:g}")
 
 
 def _compose(overrides: list[str], config_name: str = "train") -> Any:
@@ -438,7 +461,26 @@ def load_config(overrides: list[str] | tuple[str, ...] = (), config_name: str = 
 
 
 def from_yaml(path: str | Path) -> TrainConfig:
-    return validate(OmegaConf.load(str(path)))
+    """A run's saved config; a torn or hand-broken file is a ConfigError naming it."""
+    import yaml
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        raw = OmegaConf.create(text)
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" (line {where.line + 1})" if where is not None else ""
+        raise ConfigError(f"{path}: not a readable config{at}: {str(e).splitlines()[0]}") from None
+    # a saved config has every section and ends with a newline: a torn one (a copy cut short) must
+    # not be read as a shorter config with defaults in the rest
+    missing = [f.name for f in fields(TrainConfig) if not OmegaConf.is_dict(raw) or f.name not in raw]
+    if missing or not text.endswith("\n"):
+        what = f"no {missing[0]} section" if missing else "it ends mid-line"
+        raise ConfigError(f"{path}: incomplete ({what}): torn, or not written by agent-r1")
+    try:
+        return validate(raw)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
 
 
 def to_yaml(cfg: TrainConfig) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent_r1.errors import AgentR1Error, UsageError
 from agent_r1.process import die_with_parent
 from agent_r1.rollout.served import helper_models
 from agent_r1.train.config import TrainConfig, to_yaml
@@ -45,7 +46,7 @@ def prepare_run(cfg: TrainConfig, local: bool = True) -> RunDir:
     if cfg.trainer.resume == "never" and (
         iteration_dir(rd.records, 0).exists() or (rd.root / "sft_records").exists()
     ):
-        raise SystemExit(
+        raise AgentR1Error(
             f"{rd.root} already has records and trainer.resume=never: choose another trainer.run_dir"
         )
     quiet_progress_bars_in_batch_logs()  # building the tiny model writes shards
@@ -64,7 +65,7 @@ def ensure_model(cfg: TrainConfig) -> None:
     if (path / "config.json").exists():
         return
     if cfg.model.build is None:
-        raise SystemExit(f"model.path {path} has no config.json (and model.build is not set)")
+        raise AgentR1Error(f"model.path {path} has no config.json (and model.build is not set)")
     from agent_r1.models.tiny import build_tiny_model
     from agent_r1.tools import TOOLS
     from recipes import load_recipe
@@ -210,7 +211,7 @@ class LocalLauncher:
             for i, url in enumerate(cfg.rollout.urls):
                 atomic_write_json(self.rd.servers / f"external_{i}.json", {"url": url})
         else:
-            raise SystemExit(
+            raise UsageError(
                 "rollout.engine=sglang needs GPU nodes: use `agent-r1 launch` on a Slurm cluster"
             )
         for h in helpers:  # the OPD teacher, an LLM judge, a summariser: one server each

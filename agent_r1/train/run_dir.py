@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent_r1.errors import AgentR1Error
+
 log = logging.getLogger("agent_r1.run_dir")
 
 
@@ -141,7 +143,7 @@ class RunDir:
         return read_json(self.summary) if self.summary.exists() else {}
 
 
-class RunDirBusy(RuntimeError):
+class RunDirBusy(AgentR1Error, RuntimeError):
     """Another live process owns the run directory (its PID and host are in the message)."""
 
 

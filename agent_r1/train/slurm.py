@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent_r1.errors import AgentR1Error
 from agent_r1.rollout.served import helper_models
 from agent_r1.train.config import ConfigError, TrainConfig, load_config
 from agent_r1.train.run_dir import RunDir, RunLock
@@ -24,7 +25,7 @@ from agent_r1.train.run_dir import RunDir, RunLock
 SLURM_DIR = Path(__file__).resolve().parents[2] / "slurm"
 
 
-class SlurmError(RuntimeError):
+class SlurmError(AgentR1Error, RuntimeError):
     pass
 
 

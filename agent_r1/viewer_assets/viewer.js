@@ -106,7 +106,8 @@ function draw() {
   let shown = 0;
   D.iterations.forEach((it, k) => {
     if (which !== "all" && String(k) !== which) return;
-    const sec = h("section", { class: "iter" }, h("h2", {}, `${it.kind} iteration ${it.it} — ${it.groups.length} of ${it.total_groups} groups, ${it.total} trajectories`));
+    const title = it.damaged ? `${it.kind} iteration ${it.it} — damaged, not shown: ${it.damaged}` : `${it.kind} iteration ${it.it} — ${it.groups.length} of ${it.total_groups} groups, ${it.total} trajectories`;
+    const sec = h("section", { class: it.damaged ? "iter damaged" : "iter" }, h("h2", {}, title));
     for (const g of it.groups) {
       const ts = g.trajs.map((i) => D.trajs[i]).filter(keep);
       if (!ts.length) continue;

@@ -26,12 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent_r1.errors import AgentR1Error
+
 FORMATS = ("PNG", "JPEG", "WEBP")  # what an image may be encoded as
 MAX_BYTES = 16 << 20  # an encoded image larger than this is refused before decoding
 MAX_DECODED_PIXELS = 64 << 20  # decompression-bomb guard (a tiny PNG that decodes huge)
 
 
-class ImageError(ValueError):
+class ImageError(AgentR1Error, ValueError):
     """An image is corrupt, too large, of an unsupported format, or sent where none can go."""
 
 

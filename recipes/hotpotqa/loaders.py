@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent_r1.errors import AgentR1Error
 from agent_r1.jsonfiles import iter_records
 from agent_r1.retrieval.corpus import Passage
 
 
-class DatasetError(ValueError):
+class DatasetError(AgentR1Error, ValueError):
     pass
 
 

@@ -16,6 +16,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent_r1.errors import AgentR1Error
 from agent_r1.jsonfiles import iter_records
 from agent_r1.retrieval.corpus import Passage
 
@@ -41,7 +42,7 @@ FILLER = [
 PAPERS_PER_TOPIC = 8
 
 
-class GraphError(ValueError):
+class GraphError(AgentR1Error, ValueError):
     pass
 
 

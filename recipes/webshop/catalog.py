@@ -22,13 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent_r1.errors import AgentR1Error
+
 PRICE_RANGE = [10.0 * i for i in range(1, 100)]  # 10 .. 990
 FILES = ("items_shuffle.json", "items_ins_v2.json", "items_human_ins.json")
 REQUIRED = ("asin", "name", "full_description", "small_description", "customization_options", "images",
             "category", "query", "product_category")  # fmt: skip
 
 
-class CatalogError(ValueError):
+class CatalogError(AgentR1Error, ValueError):
     """A WebShop data file is missing or malformed; the message names the file, record and key."""
 
 

@@ -15,11 +15,12 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_r1.errors import AgentR1Error
 from recipes.webshop.catalog import Goal
 from recipes.webshop.shop import Session, Shop
 
 
-class EnvServerError(RuntimeError):
+class EnvServerError(AgentR1Error, RuntimeError):
     """The environment server could not be reached (after retries) or answered nonsense."""
 
 

@@ -77,8 +77,10 @@ def test_no_import_cycles_between_files():
 
 
 # Which folders of agent_r1/ each folder may import (STYLE §4: imports point down). train/ wires
-# everything; cli.py and records_cli.py are entry points.
+# everything; cli.py and records_cli.py are entry points. errors.py (the expected-failure base
+# classes) is below everything.
 ALLOWED = {
+    "errors": set(),
     "registry": set(),
     "process": set(),
     "vision": set(),
@@ -108,6 +110,6 @@ def test_folders_import_only_the_layers_below():
             continue
         for t in targets:
             dst = t.split(".")[1] if t.count(".") else t
-            if dst != src and dst not in ALLOWED[src]:
+            if dst != src and dst != "errors" and dst not in ALLOWED[src]:
                 bad.append(f"{m} -> {t}")
     assert not bad, "imports against the layering:\n" + "\n".join(bad)

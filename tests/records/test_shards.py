@@ -130,7 +130,10 @@ def test_missing_shard_and_manifest(tmp_path, table):
     (path.parent / "manifest.json").write_text("{broken")
     with pytest.raises(ShardError, match="corrupt manifest"):
         store.read(0)
-    with pytest.raises(ShardError, match="not finalized"):
+    with pytest.raises(ShardError, match=r"no finalized iteration 4 \(have 0\)"):
+        store.manifest(4)
+    (path.parent.parent / "iter_000004").mkdir()  # a folder, no manifest yet
+    with pytest.raises(ShardError, match="iteration 4 is not finalized"):
         store.manifest(4)
 
 
