@@ -1,6 +1,6 @@
 """``search(query)``: top-k passages from the run's retriever (or a given index / server).
 
-The result text is Search-R1's: ``Doc 1(Title: T) text`` per passage. ``info["hits"]`` carries the
+The result text is Search-R1's: ``Doc 1(Title: "T") text\\n`` per passage. ``info["hits"]`` carries the
 passages as data (``id``, ``title``, ``text``) for environments that keep them as state. Empty,
 whitespace-only or over-long queries are the model's error (``ToolError``); a retriever that stays
 down after its retries is reported the same way, so the episode goes on and the error is counted.
@@ -17,9 +17,15 @@ MAX_QUERY_CHARS = 300
 
 
 def format_hits(hits: list[Any]) -> str:
+    """Search-R1's ``_passages2string``: per hit, the first line of its ``contents`` (the corpus's
+    quoted title) as the title, the rest as the text, one newline after each document."""
     if not hits:
-        return "No results."
-    return "\n".join(f"Doc {i}(Title: {h.title}) {h.text}" for i, h in enumerate(hits, 1))
+        return "No results."  # Search-R1 returns "": an empty tool response reads as a failure
+    out = []
+    for i, h in enumerate(hits, 1):
+        title, _, text = (f'"{h.title}"\n{h.text}' if h.title else h.text).partition("\n")
+        out.append(f"Doc {i}(Title: {title}) {text}\n")
+    return "".join(out)
 
 
 @TOOLS.register("search")

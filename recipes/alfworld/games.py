@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent_r1.errors import AgentR1Error
+
 TASK_TYPES = {
     1: "pick_and_place_simple",
     2: "look_at_obj_in_light",
@@ -111,6 +113,20 @@ def goal_sentence(grammar: str) -> str:
     return grammar[i + len(marker) :].split('"', 1)[0].split("\\n", 1)[0].strip().rstrip(".")
 
 
+class GameError(AgentR1Error, ValueError):
+    """An ALFWorld game folder's file is unreadable or lacks what the game needs; names file and key."""
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise GameError(f"alfworld: {path}: unreadable ({e})") from None
+    if not isinstance(obj, dict):
+        raise GameError(f"alfworld: {path}: must be a JSON object, got {type(obj).__name__}")
+    return obj
+
+
 def collect_games(root: Path, split: str, task_types: list[int] | None = None) -> list[GameInfo]:
     """The solvable games of a split, with upstream's selection rules, in a stable order."""
     wanted = {TASK_TYPES[t] for t in (task_types or list(TASK_TYPES))}
@@ -118,20 +134,27 @@ def collect_games(root: Path, split: str, task_types: list[int] | None = None) -
     for folder, _, files in os.walk(split_dir(root, split), topdown=False):
         if "traj_data.json" not in files or "movable" in folder or "Sliced" in folder:
             continue
-        game_path = Path(folder) / "game.tw-pddl"
-        try:
-            traj = json.loads((Path(folder) / "traj_data.json").read_text())
-            if traj["task_type"] not in wanted or not game_path.exists():
-                continue
-            game = json.loads(game_path.read_text())
-        except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"alfworld: unreadable game in {folder}: {e}") from None
+        game_path, traj_path = Path(folder) / "game.tw-pddl", Path(folder) / "traj_data.json"
+        traj = _json_object(traj_path)
+        if not isinstance(traj.get("task_type"), str):
+            raise GameError(
+                f"alfworld: {traj_path}: 'task_type' must be a string, got {traj.get('task_type')!r}"
+            )
+        if traj["task_type"] not in wanted or not game_path.exists():
+            continue
+        game = _json_object(game_path)
         if not game.get("solvable"):  # a missing key is skipped upstream too
             continue
+        for key in ("pddl_domain", "pddl_problem", "grammar"):
+            if not isinstance(game.get(key), str) or not game[key].strip():
+                raise GameError(
+                    f"alfworld: {game_path}: {key!r} must be a non-empty string (the game cannot load)"
+                )
+        goal = goal_sentence(game["grammar"])
+        if not goal:
+            raise GameError(f"alfworld: {game_path}: 'grammar' has no \"Your task is to: ...\" goal sentence")
         task_id = traj.get("task_id") or Path(folder).name
-        games.append(
-            GameInfo(str(game_path), traj["task_type"], task_id, goal_sentence(game.get("grammar", "")))
-        )
+        games.append(GameInfo(str(game_path), traj["task_type"], str(task_id), goal))
     return sorted(games, key=lambda g: g.gamefile)
 
 

@@ -48,6 +48,15 @@ def _need(row: Any, key: str, typ: type | tuple[type, ...], where: str) -> Any:
     return row[key]
 
 
+def join_sentences(sentences: list[str]) -> str:
+    """A passage from its sentences as the dataset splits them: HotpotQA's later sentences carry
+    their leading space (joined as they are), 2WikiMultihopQA's do not (joined with one)."""
+    text = ""
+    for s in sentences:
+        text += s if not text or text[-1].isspace() or s[:1].isspace() else " " + s
+    return text.strip()
+
+
 def _hotpot(row: dict[str, Any], where: str) -> Example:
     """HotpotQA and 2WikiMultihopQA."""
     context = _need(row, "context", list, where)
@@ -60,7 +69,7 @@ def _hotpot(row: dict[str, Any], where: str) -> Example:
             and isinstance(item[1], list)
         ):
             raise DatasetError(f"{where}: context[{i}] must be [title, [sentences]]")
-        passages.append(Passage(item[0], item[0], "".join(str(s) for s in item[1]).strip()))
+        passages.append(Passage(item[0], item[0], join_sentences([str(s) for s in item[1]])))
     hops: list[str] = []
     for i, fact in enumerate(row.get("supporting_facts", [])):
         if not (isinstance(fact, list) and fact and isinstance(fact[0], str)):

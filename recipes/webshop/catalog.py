@@ -105,6 +105,9 @@ def read_products(items: str | Path, attrs: str | Path, human: str | Path | None
         raise CatalogError(f"{items}: must be a JSON list of product records")
     attr_map = _read_json(attrs, "attribute file")
     human_map = _read_json(Path(human), "human instruction file") if human else {}
+    for path, m in ((attrs, attr_map), (human, human_map)):
+        if not isinstance(m, dict):
+            raise CatalogError(f"{path}: must be a JSON object keyed by ASIN")
     if num_products is not None:
         records = records[:num_products]
     out, seen = [], set()
@@ -115,11 +118,8 @@ def read_products(items: str | Path, attrs: str | Path, human: str | Path | None
         asin = r.get("asin")
         if not isinstance(asin, str) or asin == "nan" or len(asin) > 10 or asin in seen:
             continue
-        missing = [k for k in REQUIRED if k not in r]
-        if missing:
-            raise CatalogError(f"{where} ({asin}): missing key {missing[0]!r}")
-        if not r["images"]:
-            raise CatalogError(f"{where} ({asin}): 'images' must not be empty")
+        where = f"{where} ({asin})"
+        _check_product(r, where)
         seen.add(asin)
         bullets = r["small_description"]
         bullets = [bullets] if isinstance(bullets, str) else list(bullets)
@@ -129,7 +129,14 @@ def read_products(items: str | Path, attrs: str | Path, human: str | Path | None
                 continue
             options[name.lower()] = [v["value"].strip().replace("/", " | ").lower() for v in values]
         prices = parse_pricing(r.get("pricing"))
-        a = attr_map.get(asin, {})
+        if r.get("pricing") and not prices:
+            raise CatalogError(f"{where}: 'pricing' {r['pricing']!r} holds no '$' price")
+        a = _instruction(attr_map, asin, attrs)
+        recs = human_map.get(asin, [])
+        if not isinstance(recs, list):
+            raise _type_error(f"{human} {asin}", asin, "a list of instruction records", recs)
+        for k, rec in enumerate(recs):
+            _check_human(rec, f"{human} {asin}[{k}]")
         out.append(
             Product(
                 asin=asin, name=r["name"], title=r["name"], description=r["full_description"], bullets=bullets,
@@ -143,6 +150,64 @@ def read_products(items: str | Path, attrs: str | Path, human: str | Path | None
     if not out:
         raise CatalogError(f"{items}: no usable product")
     return out
+
+
+def _type_error(where: str, key: str, want: str, got: Any) -> CatalogError:
+    return CatalogError(f"{where}: {key!r} must be {want}, got {type(got).__name__} {str(got)[:60]!r}")
+
+
+def _is_str_list(x: Any) -> bool:
+    return isinstance(x, list) and all(isinstance(v, str) for v in x)
+
+
+def _check_product(r: dict[str, Any], where: str) -> None:
+    """Every key ``load_products`` reads, with the type it reads it as."""
+    missing = [k for k in REQUIRED if k not in r]
+    if missing:
+        raise CatalogError(f"{where}: missing key {missing[0]!r}")
+    for k in ("name", "full_description", "category", "query", "product_category"):
+        if not isinstance(r[k], str) or (k == "name" and not r[k].strip()):
+            raise _type_error(where, k, "a non-empty string" if k == "name" else "a string", r[k])
+    if not (isinstance(r["small_description"], str) or _is_str_list(r["small_description"])):
+        raise _type_error(where, "small_description", "a string or a list of strings", r["small_description"])
+    if not isinstance(r["images"], list) or not r["images"]:
+        raise CatalogError(f"{where}: 'images' must be a non-empty list")
+    pricing = r.get("pricing")
+    if pricing is not None and not isinstance(pricing, str):
+        raise _type_error(where, "pricing", "a string like '$12.99' or '$10.99 - $15.99'", pricing)
+    opts = r["customization_options"]
+    if opts is not None and not isinstance(opts, dict):
+        raise _type_error(where, "customization_options", "an object of option name -> values", opts)
+    for name, values in (opts or {}).items():
+        if values is not None and not (
+            isinstance(values, list)
+            and all(isinstance(v, dict) and isinstance(v.get("value"), str) for v in values)
+        ):
+            raise CatalogError(f"{where}: customization_options[{name!r}] must be a list of {{'value': str}}")
+
+
+def _instruction(attr_map: dict[str, Any], asin: str, path: Path) -> dict[str, Any]:
+    """A product's record in ``items_ins_v2.json`` (none: ``{}``), its types checked."""
+    a = attr_map.get(asin, {})
+    where = f"{path} {asin}"
+    if not isinstance(a, dict):
+        raise _type_error(where, asin, "an object", a)
+    for k in ("attributes", "instruction_attributes"):
+        if a.get(k) is not None and not _is_str_list(a[k]):
+            raise _type_error(where, k, "a list of strings", a[k])
+    if a.get("instruction") is not None and not isinstance(a["instruction"], str):
+        raise _type_error(where, "instruction", "a string", a["instruction"])
+    return a
+
+
+def _check_human(rec: Any, where: str) -> None:
+    if not isinstance(rec, dict):
+        raise _type_error(where, "instruction record", "an object", rec)
+    if not isinstance(rec.get("instruction"), str):
+        raise _type_error(where, "instruction", "a string", rec.get("instruction"))
+    for k in ("instruction_attributes", "instruction_options"):
+        if rec.get(k) is not None and not _is_str_list(rec[k]):
+            raise _type_error(where, k, "a list of strings", rec[k])
 
 
 def product_prices(products: list[Product], rng: random.Random) -> dict[str, float]:
@@ -167,7 +232,7 @@ def _price_cap(price: float, rng: random.Random) -> tuple[float, str]:
 
 
 def _goal(p: Product, text: str, attributes: list[str], options: Any, cap: tuple[float, str]) -> Goal:
-    return Goal(p.asin, p.category, p.query, p.name, p.product_category, text.rstrip(".") + cap[1],
+    return Goal(p.asin, p.category, p.query, p.name, p.product_category, text + cap[1],
                 list(attributes), cap[0], options)  # fmt: skip
 
 
@@ -182,7 +247,7 @@ def synthetic_goals(products: list[Product], prices: dict[str, float], rng: rand
         names = sorted(p.options)
         for combo in itertools.product(*(p.options[n] for n in names)):
             chosen = dict(zip(names, combo, strict=True))
-            text = p.instruction.rstrip(".")
+            text = p.instruction  # as upstream: its own full stop stays, before " with ..."
             if chosen:
                 text += " with " + ", and ".join(f"{n}: {v}" for n, v in chosen.items())
             goals.append(_goal(p, text, p.instruction_attributes, chosen, cap))
@@ -202,14 +267,16 @@ def human_goals(products: list[Product], prices: dict[str, float], rng: random.R
             if not rec.get("instruction_attributes"):
                 continue
             cap = _price_cap(prices[p.asin], rng)
-            goals.append(_goal(p, rec["instruction"], rec["instruction_attributes"],
+            goals.append(_goal(p, rec["instruction"].strip("."), rec["instruction_attributes"],
                                list(rec.get("instruction_options", [])), cap))  # fmt: skip
     return goals
 
 
 def load_goals(folder: str | Path, human: bool = False, seed: int = 233,
-               num_products: int | None = None) -> tuple[list[Product], list[Goal]]:  # fmt: skip
-    """Products and goals of a WebShop data folder, goals shuffled with ``seed`` (233 upstream)."""
+               num_products: int | None = None) -> tuple[list[Product], list[Goal], dict[str, float]]:  # fmt: skip
+    """Products, goals (shuffled with ``seed``, 233 upstream) and prices of a WebShop data folder.
+    One price draw serves the goals' caps, the shop and the reward, as upstream's ``product_prices``
+    does: two draws would price a range-priced product above the cap its own goal was given."""
     folder = Path(folder)
     items, attrs, hum = (folder / f for f in FILES)
     if not items.exists():  # the 1000-product files of the small release
@@ -219,7 +286,7 @@ def load_goals(folder: str | Path, human: bool = False, seed: int = 233,
     prices = product_prices(products, rng)
     goals = (human_goals if human else synthetic_goals)(products, prices, rng)
     random.Random(seed).shuffle(goals)
-    return products, goals
+    return products, goals, prices
 
 
 # ---- an offline catalogue in the same layout ---------------------------------------------------

@@ -22,7 +22,6 @@ from recipes.webshop.catalog import (
     catalog_version,
     generate_catalog,
     load_goals,
-    product_prices,
 )
 
 AGENT = "webshop"
@@ -61,9 +60,7 @@ def catalog(
             except OSError:  # another process wrote it first
                 pass
         data = str(folder)
-    products, goals = load_goals(data, human=human, seed=233 + seed)
-    prices = product_prices(products, random.Random(seed))
-    return products, goals, prices
+    return load_goals(data, human=human, seed=233 + seed)
 
 
 def goal_to_row(goal: Goal, split: str, data: str | None, seed: int, human: bool,

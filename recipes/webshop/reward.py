@@ -14,8 +14,9 @@
   ``en_core_web_sm``, which cannot be installed offline; here the nouns are the title's content
   words (stop words and a few adjectives dropped) — the one deliberate difference.
 
-Success is a reward of exactly 1.0. ``token_set_ratio`` is rapidfuzz's with thefuzz's default
-processing (lower-case, non-alphanumerics to spaces), as thefuzz 0.22 computes it.
+Success is a reward of exactly 1.0. ``token_set_ratio`` is thefuzz's, as upstream calls it (code
+points 128-255 dropped, lower-case, non-alphanumerics to spaces, the score rounded to an integer),
+and ``COLOR_SET`` is upstream's ``normalize.py`` list, in its order (the first contained wins).
 """
 
 from __future__ import annotations
@@ -23,20 +24,30 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rapidfuzz import fuzz, utils
+from thefuzz import fuzz
 
 from recipes.webshop.catalog import Goal, Product
 
-COLOR_SET = ["beige", "black", "blue", "brown", "burgundy", "charcoal", "coral", "cream", "gold", "gray", "green",
-             "grey", "ivory", "khaki", "lavender", "navy", "olive", "orange", "pink", "purple", "red", "silver",
-             "tan", "teal", "white", "yellow"]  # fmt: skip
+# web_agent_site/engine/normalize.py's COLOR_SET, in its order
+COLOR_SET = [
+    "alabaster", "apricot", "aqua", "ash", "asphalt", "azure", "banana", "beige", "black", "blue", "blush",
+    "bordeaux", "bronze", "brown", "burgundy", "camel", "camo", "caramel", "champagne", "charcoal", "cheetah",
+    "chestnut", "chocolate", "christmas", "coffee", "cognac", "copper", "coral", "cranberry", "cream", "crystal",
+    "dark", "denim", "eggplant", "elephant", "espresso", "fuchsia", "gold", "granite", "grape", "graphite",
+    "grass", "gray", "green", "grey", "heather", "indigo", "ivory", "ivy", "khaki", "lavender", "lemon",
+    "leopard", "light", "lilac", "lime", "magenta", "maroon", "mauve", "merlot", "midnight", "mint", "mocha",
+    "multicolor", "mushroom", "mustard", "natural", "navy", "nude", "olive", "orange", "peach", "pewter", "pink",
+    "plum", "purple", "rainbow", "red", "rose", "royal", "rust", "sand", "sapphire", "seashell", "silver",
+    "skull", "slate", "steel", "stone", "stonewash", "sunflower", "tan", "taupe", "teal", "tiger", "turquoise",
+    "violet", "walnut", "wheat", "white", "wine", "yellow",
+]  # fmt: skip
 STOP = {"a", "an", "the", "and", "or", "for", "with", "of", "in", "on", "to", "by", "men", "mens", "men's", "women",
         "womens", "women's", "new", "pack", "set", "size", "color"}  # fmt: skip
 _WORD = re.compile(r"[a-z][a-z']+")
 
 
-def ratio(a: Any, b: Any) -> float:
-    return fuzz.token_set_ratio(str(a), str(b), processor=utils.default_process)
+def ratio(a: Any, b: Any) -> int:
+    return fuzz.token_set_ratio(str(a), str(b))
 
 
 def normalize_color(value: Any) -> Any:

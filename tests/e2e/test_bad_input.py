@@ -244,3 +244,11 @@ def test_eval_of_a_damaged_run_takes_the_newest_intact_checkpoint(damaged_run: P
     one_line_error(
         cli("eval", "--run", str(copy), "--out", str(tmp_path / "ev4")), 2, "not a readable config"
     )
+
+
+def test_debug_shows_the_traceback(tmp_path: Path):
+    from agent_r1.cli import main
+
+    assert main(["records", "stats", str(tmp_path / "nope")]) == 1
+    with pytest.raises(FileNotFoundError, match="no records directory"):
+        main(["--debug", "records", "stats", str(tmp_path / "nope")])

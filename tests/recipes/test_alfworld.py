@@ -137,6 +137,28 @@ def test_selection_equals_upstream_alfredtwenv(official):
         G.collect_games(root, "valid_seen")
 
 
+@pytest.mark.parametrize(
+    ("file", "damage", "says"),
+    [
+        ("game.tw-pddl", lambda t: t[: len(t) // 2], "game.tw-pddl: unreadable (Unterminated string"),
+        ("game.tw-pddl", lambda t: json.dumps({**json.loads(t), "grammar": None}), "game.tw-pddl: 'grammar' must be a non-empty string"),
+        ("game.tw-pddl", lambda t: json.dumps({k: v for k, v in json.loads(t).items() if k != "pddl_problem"}),
+         "game.tw-pddl: 'pddl_problem' must be a non-empty string"),
+        ("game.tw-pddl", lambda t: t.replace("Your task is to: ", "Your job: "), "'grammar' has no \"Your task is to: ...\" goal"),
+        ("game.tw-pddl", lambda t: "[1, 2]", "game.tw-pddl: must be a JSON object, got list"),
+        ("traj_data.json", lambda t: "{", "traj_data.json: unreadable"),
+        ("traj_data.json", lambda t: json.dumps({**json.loads(t), "task_type": 3}), "traj_data.json: 'task_type' must be a string"),
+    ],
+)  # fmt: skip
+def test_a_damaged_game_folder_names_the_file_and_key(official, file, damage, says):
+    root, keep = official
+    path = keep / file
+    path.write_text(damage(path.read_text()))
+    with pytest.raises(G.GameError) as e:
+        G.collect_games(root, "train")
+    assert str(path) in str(e.value) and says in str(e.value), str(e.value)
+
+
 def test_official_game_won_by_the_planner_through_the_agent(official, codec):
     root, _ = official
     rows = D.build_rows("train", None, 0, data=str(root))

@@ -114,6 +114,38 @@ def test_hotpotqa_and_2wiki_layout(tmp_path):
     assert [p.title for p in dataset_passages([f])] == ["Ed Wood", "Scott Derrickson", "Tyler Bates"]
 
 
+# 2WikiMultihopQA's dev.json: the HotpotQA layout, but its sentences carry no leading space
+TWOWIKI = [
+    {
+        "_id": "8813f87c0bdd11eba7f7acde48001122",
+        "type": "compositional",
+        "question": "Who is the mother of the director of film Polish-Russian War?",
+        "context": [
+            ["Xawery Żuławski", ["Xawery Żuławski (born 22 December 1971) is a Polish film director.",
+                                 "In 1995 he graduated from the National Film School in Łódź.",
+                                 "He is the son of actress Małgorzata Braunek."]],
+            ["Polish-Russian War (film)", ["Polish-Russian War is a 2009 Polish film.",
+                                           "It was directed by Xawery Żuławski."]],
+        ],
+        "supporting_facts": [["Polish-Russian War (film)", 1], ["Xawery Żuławski", 2]],
+        "evidences": [["Polish-Russian War", "director", "Xawery Żuławski"]],
+        "answer": "Małgorzata Braunek",
+    }
+]  # fmt: skip
+
+
+def test_2wiki_sentences_are_joined_with_a_space(tmp_path):
+    f = tmp_path / "dev.json"
+    f.write_text(json.dumps(TWOWIKI, ensure_ascii=False))
+    (ex,) = read_examples(f)
+    assert ex.hops == ("Polish-Russian War (film)", "Xawery Żuławski") and ex.answers == ("Małgorzata Braunek",)
+    assert ex.passages[0].text == (
+        "Xawery Żuławski (born 22 December 1971) is a Polish film director. In 1995 he graduated from the"
+        " National Film School in Łódź. He is the son of actress Małgorzata Braunek."
+    )
+    assert ex.passages[1].text == "Polish-Russian War is a 2009 Polish film. It was directed by Xawery Żuławski."
+
+
 def test_musique_layout_jsonl_with_aliases_and_decomposition_order(tmp_path):
     f = tmp_path / "musique_ans_v1.0_dev.jsonl"
     unanswerable = dict(MUSIQUE, id="x", answerable=False)

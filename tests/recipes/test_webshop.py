@@ -55,6 +55,8 @@ def files(tmp_path):
         {"asin": "B0WSDEMO01", "instruction": "hoodie for men in navy blue, size x-large.",
          "instruction_attributes": ["relaxed fit"], "instruction_options": ["navy blue", "x-large"]},
         {"asin": "B0WSDEMO01", "instruction": "no attributes", "instruction_attributes": [], "instruction_options": []},
+        {"asin": "B0WSDEMO01", "instruction": "...a warm hoodie..", "instruction_attributes": ["machine wash"],
+         "instruction_options": []},
     ]}  # fmt: skip
     for name, obj in (
         ("items_shuffle.json", items),
@@ -79,7 +81,7 @@ def test_products_as_upstream_reads_them(files):
     )
     assert mug.bullets == ["Dishwasher safe"] and mug.options == {} and mug.price_tag == "$12.0"
     assert mug.attributes == ["DUMMY_ATTR"]  # an empty attribute list
-    assert len(hoodie.human) == 2
+    assert len(hoodie.human) == 3
 
 
 def test_goals_as_upstream_builds_them(files):
@@ -91,7 +93,8 @@ def test_goals_as_upstream_builds_them(files):
     assert len(goals) == 2 * 2 + 1  # every combination of option values; one goal without options
     g = goals[0]
     assert g.instruction_text.startswith(
-        "i need a relaxed fit hoodie with color: navy blue, and size: small, and price lower than "
+        # upstream's f"{instruction_text}{option_text}{price_text}": the instruction's full stop stays
+        "i need a relaxed fit hoodie. with color: navy blue, and size: small, and price lower than "
     )
     assert g.price_upper in (40.0, 50.0, 60.0) and g.instruction_text.endswith(f"{g.price_upper:.2f} dollars")
     assert g.goal_options == {"color": "navy blue", "size": "small"}
@@ -99,25 +102,62 @@ def test_goals_as_upstream_builds_them(files):
     # weight: the mean of 1 / (goals carrying the attribute) over the goal's attributes
     assert g.weight == pytest.approx(0.25) and goals[-1].weight == pytest.approx(1.0)
     hg = human_goals(ps, prices, random.Random(0))
-    assert len(hg) == 1 and hg[0].goal_options == [
-        "navy blue",
-        "x-large",
-    ]  # the record without attributes is skipped
+    assert len(hg) == 2 and hg[0].goal_options == ["navy blue", "x-large"]  # no attributes: skipped
+    # upstream's product['instruction'].strip('.'): dots go at both ends
+    assert hg[0].instruction_text.startswith(
+        "hoodie for men in navy blue, size x-large, and price lower than"
+    )
+    assert hg[1].instruction_text.startswith("a warm hoodie, and price lower than")
 
 
 @pytest.mark.parametrize(
     ("mutate", "says"),
     [
         (lambda r: r.pop("query"), "record 0 (B0WSDEMO01): missing key 'query'"),
-        (lambda r: r.update(images=[]), "'images' must not be empty"),
+        (lambda r: r.update(images=[]), "record 0 (B0WSDEMO01): 'images' must be a non-empty list"),
+        (lambda r: r.update(name=None), "record 0 (B0WSDEMO01): 'name' must be a non-empty string, got NoneType"),
+        (lambda r: r.update(pricing=24.99), "'pricing' must be a string like '$12.99'"),
+        (lambda r: r.update(pricing="about twenty"), "'pricing' 'about twenty' holds no '$' price"),
+        (lambda r: r.update(small_description=5), "'small_description' must be a string or a list of strings"),
+        (lambda r: r.update(customization_options=["Color"]), "'customization_options' must be an object"),
+        (lambda r: r.update(customization_options={"Color": [{"image": None}]}),
+         "customization_options['Color'] must be a list of {'value': str}"),
+        (lambda r: r.update(category=["fashion"]), "'category' must be a string, got list"),
     ],
-)
+)  # fmt: skip
 def test_malformed_product_files_name_record_and_key(files, mutate, says):
     items = json.loads((files / "items_shuffle.json").read_text())
     mutate(items[0])
     (files / "items_shuffle.json").write_text(json.dumps(items))
-    with pytest.raises(CatalogError, match=says.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(CatalogError) as e:
         read_products(files / "items_shuffle.json", files / "items_ins_v2.json")
+    assert str(files / "items_shuffle.json") in str(e.value) and says in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "mutate", "says"),
+    [
+        ("items_ins_v2.json", lambda a: a["B0WSDEMO01"].update(attributes="machine wash"),
+         "B0WSDEMO01: 'attributes' must be a list of strings, got str"),
+        ("items_ins_v2.json", lambda a: a["B0WSDEMO01"].update(instruction=["x"]), "'instruction' must be a string"),
+        ("items_ins_v2.json", lambda a: a.__setitem__("B0WSDEMO01", "x"), "'B0WSDEMO01' must be an object"),
+        ("items_human_ins.json", lambda h: h["B0WSDEMO01"][0].update(instruction_options="navy blue"),
+         "B0WSDEMO01[0]: 'instruction_options' must be a list of strings"),
+        ("items_human_ins.json", lambda h: h.__setitem__("B0WSDEMO01", {"x": 1}), "must be a list of instruction records"),
+        ("items_human_ins.json", lambda h: h.clear() or h.update(x=[]) or None, None),  # a valid file: no error
+    ],
+)  # fmt: skip
+def test_malformed_instruction_files_name_file_asin_and_key(files, name, mutate, says):
+    obj = json.loads((files / name).read_text())
+    mutate(obj)
+    (files / name).write_text(json.dumps(obj))
+    args = (files / "items_shuffle.json", files / "items_ins_v2.json", files / "items_human_ins.json")
+    if says is None:
+        assert len(read_products(*args)) == 2
+        return
+    with pytest.raises(CatalogError) as e:
+        read_products(*args)
+    assert str(files / name) in str(e.value) and says in str(e.value)
 
 
 # ---- the reward, by hand ----------------------------------------------------------------------
@@ -186,6 +226,36 @@ def test_option_quirks_copied_from_upstream(hoodie):
         == 1.0
     )
     assert get_reward(hoodie, _goal(goal_options=["small"]), 25.0, {"size": "x-large"})[1]["r_option"] == 0.0
+
+
+def test_colours_and_fuzzy_scores_are_upstreams(hoodie):
+    from recipes.webshop.reward import COLOR_SET, ratio
+
+    assert len(COLOR_SET) == 102 and COLOR_SET.index("aqua") < COLOR_SET.index("blue")
+    # the first colour of upstream's list that the value contains: different shades stay different
+    assert normalize_color("aqua blue") == "aqua" and normalize_color("navy blue") == "blue"
+    r = get_reward(hoodie, _goal(goal_options=["navy blue"]), 25.0, {"color": "aqua blue"})[1]
+    assert r["r_option"] == 0.0
+    # thefuzz's scores: an integer, code points 128-255 dropped before comparing ("crme brle")
+    assert ratio("crème brûlée", "creme brulee") == 86 and isinstance(ratio("a", "b"), int)
+    assert ratio("Relaxed-Fit", "relaxed fit") == 100
+
+
+def test_a_range_priced_product_is_priced_once(files):
+    """Upstream draws one price per range-priced product (``product_prices``) and uses it for the
+    goal's cap, the shop and the reward: the goal's own product, bought with its options, scores 1.0."""
+    items = [_record(f"B0WSRANGE{i}", pricing="$10.00 - $90.00") for i in range(8)]
+    attrs = {r["asin"]: {"attributes": ["machine wash", "relaxed fit"], "instruction": "i need a relaxed fit hoodie.",
+                         "instruction_attributes": ["relaxed fit", "machine wash"]} for r in items}  # fmt: skip
+    (files / "items_shuffle.json").write_text(json.dumps(items))
+    (files / "items_ins_v2.json").write_text(json.dumps(attrs))
+    (files / "items_human_ins.json").write_text("{}")
+    products, goals, prices = D.catalog(str(files))
+    by_asin = {p.asin: p for p in products}
+    assert len(goals) == 8 * 4 and len({round(prices[a], 6) for a in by_asin}) == 8  # drawn, not fixed
+    for g in goals:
+        assert 10.0 <= prices[g.asin] <= 90.0 and prices[g.asin] <= g.price_upper
+        assert get_reward(by_asin[g.asin], g, prices[g.asin], g.goal_options)[0] == 1.0
 
 
 # ---- the site ---------------------------------------------------------------------------------

@@ -162,3 +162,24 @@ def test_json_records_from_lines_or_a_list_name_where_they_are(tmp_path):
         list(iter_records(lines, CorpusError))
     with pytest.raises(KeyError, match="query file .*nope.jsonl does not exist"):
         list(iter_records(tmp_path / "nope.jsonl", KeyError, "query file"))
+
+
+def test_search_output_is_search_r1s_passages2string():
+    """Search-R1 (search_r1/llm_agent/generation.py ``_passages2string``): the first line of each
+    document's ``contents`` is the title, quotes and all; every document ends with a newline."""
+    from agent_r1.retrieval.index import Hit
+    from agent_r1.tools.search import format_hits
+
+    hits = [Hit("1", "Ed Wood", "Edward Davis Wood Jr. was an American filmmaker.", 2.0),
+            Hit("2", "Tyler Bates", "A composer.\nHe scored films.", 1.0)]  # fmt: skip
+    # the reply Search-R1's retriever sends for them, then its own formatting, spelled out
+    contents = [h.to_json()["document"]["contents"] for h in hits]
+    assert contents[0] == '"Ed Wood"\nEdward Davis Wood Jr. was an American filmmaker.'
+    expected = "".join(
+        f"Doc {i + 1}(Title: {c.split(chr(10))[0]}) {chr(10).join(c.split(chr(10))[1:])}\n"
+        for i, c in enumerate(contents)
+    )
+    assert format_hits(hits) == expected == (
+        'Doc 1(Title: "Ed Wood") Edward Davis Wood Jr. was an American filmmaker.\n'
+        'Doc 2(Title: "Tyler Bates") A composer.\nHe scored films.\n'
+    )
