@@ -117,7 +117,9 @@ def test_records_name_what_is_missing(store: Path, tmp_path: Path, cli):
     manifest = store / "iter_000000" / "manifest.json"
     one_line_error(cli("records", "show", str(manifest)), 1, f"no records directory at {manifest}")
     one_line_error(
-        cli("records", "show", str(store), "--iteration", "999"), 1, "no finalized iteration 999 (have 0, 1, 2)"
+        cli("records", "show", str(store), "--iteration", "999"),
+        1,
+        "no finalized iteration 999 (have 0, 1, 2)",
     )
     one_line_error(
         cli("records", "show", str(store), "--iteration", "-1"), 2, "argument --iteration: must be >= 0"

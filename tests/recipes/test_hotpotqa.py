@@ -138,12 +138,16 @@ def test_2wiki_sentences_are_joined_with_a_space(tmp_path):
     f = tmp_path / "dev.json"
     f.write_text(json.dumps(TWOWIKI, ensure_ascii=False))
     (ex,) = read_examples(f)
-    assert ex.hops == ("Polish-Russian War (film)", "Xawery Żuławski") and ex.answers == ("Małgorzata Braunek",)
+    assert ex.hops == ("Polish-Russian War (film)", "Xawery Żuławski") and ex.answers == (
+        "Małgorzata Braunek",
+    )
     assert ex.passages[0].text == (
         "Xawery Żuławski (born 22 December 1971) is a Polish film director. In 1995 he graduated from the"
         " National Film School in Łódź. He is the son of actress Małgorzata Braunek."
     )
-    assert ex.passages[1].text == "Polish-Russian War is a 2009 Polish film. It was directed by Xawery Żuławski."
+    assert (
+        ex.passages[1].text == "Polish-Russian War is a 2009 Polish film. It was directed by Xawery Żuławski."
+    )
 
 
 def test_musique_layout_jsonl_with_aliases_and_decomposition_order(tmp_path):

@@ -179,7 +179,11 @@ def test_search_output_is_search_r1s_passages2string():
         f"Doc {i + 1}(Title: {c.split(chr(10))[0]}) {chr(10).join(c.split(chr(10))[1:])}\n"
         for i, c in enumerate(contents)
     )
-    assert format_hits(hits) == expected == (
-        'Doc 1(Title: "Ed Wood") Edward Davis Wood Jr. was an American filmmaker.\n'
-        'Doc 2(Title: "Tyler Bates") A composer.\nHe scored films.\n'
+    assert (
+        format_hits(hits)
+        == expected
+        == (
+            'Doc 1(Title: "Ed Wood") Edward Davis Wood Jr. was an American filmmaker.\n'
+            'Doc 2(Title: "Tyler Bates") A composer.\nHe scored films.\n'
+        )
     )
