@@ -253,9 +253,14 @@ def test_a_range_priced_product_is_priced_once(files):
     products, goals, prices = D.catalog(str(files))
     by_asin = {p.asin: p for p in products}
     assert len(goals) == 8 * 4 and len({round(prices[a], 6) for a in by_asin}) == 8  # drawn, not fixed
+    shop = Shop(products, prices)
     for g in goals:
         assert 10.0 <= prices[g.asin] <= 90.0 and prices[g.asin] <= g.price_upper
         assert get_reward(by_asin[g.asin], g, prices[g.asin], g.goal_options)[0] == 1.0
+        s = Session(g)  # the oracle shopping on the site: its purchase scores 1.0 on every goal
+        for action in D.oracle(g, shop):
+            shop.step(s, action)
+        assert s.page == "done" and s.reward == 1.0, (g.instruction_text, s.reward_info)
 
 
 # ---- the site ---------------------------------------------------------------------------------
