@@ -238,6 +238,7 @@ def _serve(a: argparse.Namespace) -> int:
         max_body_mb=a.max_body_mb,
         strict=a.strict,
         sglang_version=a.sglang_version,
+        join_timeout_s=a.join_timeout_s,
     )
     return 0
 
@@ -648,6 +649,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--sglang-version",
         help="the SGLang release whose protocol to speak (default: the newest checked, 0.5.23; before "
         "0.5.21 weights load without an update session)",
+    )
+    sv.add_argument(
+        "--join-timeout-s",
+        type=cli_args.nonneg_float,
+        default=120.0,
+        help="how long /init_weights_update_group waits for the trainer's rendezvous",
     )
     sv.set_defaults(fn=_serve)
 

@@ -431,6 +431,8 @@ class Engine:
                     raise BadRequest(
                         f"shapes: {name} has shape {tuple(t.shape)}, model has {tuple(params[name].shape)}"
                     )
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    raise BadRequest(f"{name}: holds NaN or infinite values; the serving weights are kept")
             with torch.no_grad():
                 for name, t in tensors.items():
                     params[name].copy_(t.to(params[name].dtype))
@@ -442,6 +444,7 @@ class Engine:
                 self.weight_version = str(version)
 
     def update_weights_from_disk(self, model_path: str, version: str | None = None) -> None:
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         files = sorted(Path(model_path).glob("*.safetensors"))
@@ -449,7 +452,10 @@ class Engine:
             raise BadRequest(f"model_path: no *.safetensors files in {model_path!r}")
         tensors: dict[str, torch.Tensor] = {}
         for f in files:
-            tensors.update(load_file(str(f)))
+            try:
+                tensors.update(load_file(str(f)))
+            except (OSError, SafetensorError) as e:  # torn, truncated, not safetensors at all
+                raise BadRequest(f"model_path: {f} is not a readable safetensors file: {e}") from None
         self.update_weights(tensors, version)
 
     def loads(self) -> dict[str, Any]:

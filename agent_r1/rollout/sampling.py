@@ -59,7 +59,8 @@ class Sampling:
             )
         if isinstance(d.get("stop"), str):
             d["stop"] = [d["stop"]]
-        if d.get("top_k") is not None and d["top_k"] >= 1 << 30:
+        top_k = d.get("top_k")
+        if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 1 << 30:
             d["top_k"] = -1
         s = cls(**{k: v for k, v in d.items() if v is not None})
         s.validate(vocab_size)

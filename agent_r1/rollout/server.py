@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import pickle
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 from aiohttp import web
 
+from agent_r1.rollout.bodies import as_object, need, service_errors
 from agent_r1.rollout.engine import Engine, Request
 from agent_r1.rollout.sampling import BadRequest
 from agent_r1.rollout.weight_sync import (
@@ -73,6 +75,8 @@ UPSTREAM_ENDPOINTS = frozenset(
     }
 )
 PARSE_OFF_LOOP_BYTES = 1 << 20  # larger bodies are parsed in a thread: /health stays responsive
+TOKENIZE_OFF_LOOP_CHARS = 1 << 16  # longer prompt text is tokenised in a thread
+MAX_STUCK_JOINS = 4  # joins whose master never answered; their threads cannot be stopped
 OPEN_PATHS = frozenset({"/health"})  # answered without the API key (liveness probes)
 
 
@@ -153,6 +157,7 @@ class WeightReceiver:
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.groups: dict[str, Any] = {}
+        self.abandoned: set[str] = set()
         self.devices: dict[str, torch.device] = {}  # NCCL receives into GPU memory, gloo into host
         self.device = torch.device(device)
 
@@ -172,10 +177,19 @@ class WeightReceiver:
             raise BadRequest("group_name: must not be empty")
         if group_name in self.groups:
             raise BadRequest(f"group_name: a weight update group {group_name!r} exists on this server")
-        self.groups[group_name] = join_update_group(
+        self.abandoned.discard(group_name)
+        group = join_update_group(
             backend, master_address, int(master_port), int(world_size), int(rank_offset), group_name
         )
+        if group_name in self.abandoned:  # the request that asked for it has been answered failed
+            leave_update_group(group)
+            return
+        self.groups[group_name] = group
         self.devices[group_name] = self.device if backend == "nccl" else torch.device("cpu")
+
+    def abandon(self, group_name: str) -> None:
+        """A join given up on: if its thread ever finishes, the group it formed is left at once."""
+        self.abandoned.add(group_name)
 
     def destroy(self, group_name: str) -> bool:
         group = self.groups.pop(group_name, None)
@@ -187,13 +201,14 @@ class WeightReceiver:
     def receive(self, body: dict[str, Any]) -> dict[str, torch.Tensor]:
         import torch.distributed as dist
 
-        name = body.get("group_name", "weight_update_group")
+        names, dtypes = need(body, "names", "str_list"), need(body, "dtypes", "str_list")
+        shapes = need(body, "shapes", "shape_list")
+        name = need(body, "group_name", "text", "weight_update_group")
         group, device = self.groups.get(name), self.devices.get(name)
         if group is None:
             raise BadRequest(
-                f"group_name: no weight update group {body.get('group_name')!r}; call /init_weights_update_group first"
+                f"group_name: no weight update group {name!r}; call /init_weights_update_group first"
             )
-        names, dtypes, shapes = body["names"], body["dtypes"], body["shapes"]
         if not len(names) == len(dtypes) == len(shapes):
             raise BadRequest("names, dtypes and shapes must have the same length")
         bad = [d for d in dtypes if d not in DTYPES]
@@ -233,6 +248,7 @@ class Server:
         max_body_mb: int = 256,
         strict: bool = False,
         sglang_version: str = SGLANG_PROTOCOL,
+        join_timeout_s: float = 120.0,
     ):
         """``strict``: serve only what upstream SGLang serves (``UPSTREAM_ENDPOINTS``).
         ``sglang_version``: the release whose protocol to speak; from 0.5.21 weights load only
@@ -247,9 +263,11 @@ class Server:
             weight_ipc  # /update_weights_from_tensor unpickles its body: colocated trainers only
         )
         self.weights = WeightReceiver(engine.device)
+        self.join_timeout_s, self.stuck_joins = join_timeout_s, []
         middlewares = [api_key_middleware(api_key)] if api_key else []
         if strict:
             middlewares.append(_log_not_found)
+        middlewares.append(service_errors(lambda msg, status: _error(msg, status)))
         self.app = web.Application(client_max_size=max_body_mb << 20, middlewares=middlewares)
         r = self.app.router
         r.add_route("*", "/generate", self.generate)
@@ -280,7 +298,7 @@ class Server:
             r.add_get("/get_weight_version", self.get_version)
 
     # ---- generate --------------------------------------------------------------------------------
-    def _prompts(self, body: dict[str, Any]) -> list[list[int]]:
+    async def _prompts(self, body: dict[str, Any]) -> list[list[int]]:
         if ("text" in body) == ("input_ids" in body):
             raise BadRequest("exactly one of text / input_ids must be given")
         if "text" in body:
@@ -289,6 +307,8 @@ class Server:
                 texts = [texts]
             if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
                 raise BadRequest("text: must be a string or a list of strings")
+            if sum(map(len, texts)) > TOKENIZE_OFF_LOOP_CHARS:  # /health stays responsive meanwhile
+                return await asyncio.to_thread(lambda: [self.engine.tokenizer(t).input_ids for t in texts])
             return [self.engine.tokenizer(t).input_ids for t in texts]
         ids = body["input_ids"]
         if isinstance(ids, list) and ids and all(isinstance(x, list) for x in ids):
@@ -344,10 +364,10 @@ class Server:
         except BadRequest as e:
             return _error(str(e))
         if not isinstance(body, dict):
-            return _error("request body must be a JSON object")
+            return _error(f"request body must be a JSON object, got {type(body).__name__}")
         loop = asyncio.get_running_loop()
         try:
-            prompts = self._prompts(body)
+            prompts = await self._prompts(body)
             batch = (
                 len(prompts) > 1
                 or isinstance(body.get("text"), list)
@@ -494,10 +514,7 @@ class Server:
     async def _body(self, request: web.Request) -> dict[str, Any]:
         if not request.can_read_body:
             return {}
-        body = await read_json_body(request)
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
-        return body
+        return as_object(await read_json_body(request))
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         if self.engine.flush_cache():
@@ -529,36 +546,68 @@ class Server:
     async def update_from_disk(self, request: web.Request) -> web.Response:
         try:
             body = await self._body(request)
-            if not isinstance(body.get("model_path"), str):
-                raise BadRequest("model_path: required string")
-            if body.get("abort_all_requests"):
+            path = need(body, "model_path", "text")
+            version = need(body, "weight_version", "scalar", None)
+            if need(body, "abort_all_requests", "bool", False):
                 self.engine.abort(abort_all=True)
-            await asyncio.to_thread(
-                self.engine.update_weights_from_disk, body["model_path"], body.get("weight_version")
-            )
+            await asyncio.to_thread(self.engine.update_weights_from_disk, path, version)
         except BadRequest as e:
             return _ok(False, str(e))
         return _ok(True, "Succeeded to update model weights.", num_paused_requests=0)
 
     async def init_group(self, request: web.Request) -> web.Response:
+        """Join the trainer's group in a thread of its own, within ``join_timeout_s``: a master that
+        accepts the connection and stays silent blocks torch's store client for good, so a join
+        that does not finish in time is answered as failed and its thread left behind (at most
+        ``MAX_STUCK_JOINS`` of them; the pool that serves the other endpoints is never used)."""
         try:
             body = await self._body(request)
-            args = [body[k] for k in ("master_address", "master_port", "rank_offset", "world_size")]
-            await asyncio.to_thread(
-                self.weights.init,
-                *args,
-                body.get("group_name", "weight_update_group"),
-                body.get("backend", "gloo"),
+            addr = need(body, "master_address", "text")
+            port = need(body, "master_port", "port")
+            world = need(body, "world_size", "count")
+            offset = need(body, "rank_offset", "index")
+            if not 0 < offset < world:
+                raise BadRequest(
+                    f"rank_offset: must be in 1..world_size-1 (rank 0 is the trainer), got {offset}"
+                )
+            name = need(body, "group_name", "text", "weight_update_group")
+            backend = need(body, "backend", "str", "gloo")
+        except BadRequest as e:
+            return _ok(False, str(e))
+        stuck = sum(t.is_alive() for t in self.stuck_joins)
+        if stuck >= MAX_STUCK_JOINS:
+            return _ok(False, f"init_weights_update_group refused: {stuck} earlier joins never finished")
+        loop, done = asyncio.get_running_loop(), asyncio.Event()
+        outcome: list[BaseException | None] = []
+
+        def join() -> None:
+            try:
+                self.weights.init(addr, port, offset, world, name, backend)
+                outcome.append(None)
+            except BaseException as e:  # noqa: BLE001 - reported to the request, whatever it is
+                outcome.append(e)
+            loop.call_soon_threadsafe(done.set)
+
+        thread = threading.Thread(target=join, name=f"join-{name}", daemon=True)
+        thread.start()
+        try:
+            await asyncio.wait_for(done.wait(), self.join_timeout_s)
+        except TimeoutError:
+            self.stuck_joins.append(thread)
+            self.weights.abandon(name)  # should it finish later, the group is closed at once
+            return _ok(
+                False,
+                f"init_weights_update_group failed: no rendezvous at {addr}:{port} within"
+                f" {self.join_timeout_s:g} s (is a trainer listening there?)",
             )
-        except KeyError as e:
-            return _ok(False, f"missing field {e}")
-        except (BadRequest, RuntimeError) as e:
-            return _ok(False, f"init_weights_update_group failed: {e}")
+        err = outcome[0]
+        if err is not None:
+            return _ok(False, f"init_weights_update_group failed: {type(err).__name__}: {err}")
         return _ok(True, "Succeeded to initialize custom process group.")
 
     async def destroy_group(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        if not self.weights.destroy(body.get("group_name", "weight_update_group")):
+        if not self.weights.destroy(need(body, "group_name", "text", "weight_update_group")):
             return _ok(False, "The group to be destroyed does not exist.")
         return _ok(True, "Succeeded to destroy custom process group.")
 
@@ -636,11 +685,10 @@ class Server:
 
     async def update_version(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        if "new_version" not in body:
-            return _ok(False, "new_version: required")
-        if body.get("abort_all_requests", True):
+        version = need(body, "new_version", "scalar")
+        if need(body, "abort_all_requests", "bool", True):
             self.engine.abort(abort_all=True)
-        self.engine.weight_version = str(body["new_version"])
+        self.engine.weight_version = str(version)
         return _ok(True, "Succeeded to update weight version.", new_version=self.engine.weight_version)
 
     async def get_version(self, request: web.Request) -> web.Response:
@@ -649,10 +697,11 @@ class Server:
     async def weights_by_name(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         params = dict(self.engine.model.named_parameters())
-        name = body.get("name")
+        name = need(body, "name", "text")
+        size = need(body, "truncate_size", "index", 100)
         if name not in params:
             return _error(f"name: unknown parameter {name!r}")
-        return _json(params[name].detach().flatten()[: int(body.get("truncate_size", 100))].tolist())
+        return _json(params[name].detach().flatten()[:size].tolist())
 
     async def noop(self, request: web.Request) -> web.Response:
         return _json(None)
@@ -729,6 +778,7 @@ def serve(
     max_body_mb = int(engine_kw.pop("max_body_mb", 256))
     strict = bool(engine_kw.pop("strict", False))
     sglang_version = str(engine_kw.pop("sglang_version", None) or SGLANG_PROTOCOL)
+    join_timeout_s = float(engine_kw.pop("join_timeout_s", None) or 120.0)
     engine = Engine(model, **engine_kw)
     server = Server(
         engine,
@@ -739,6 +789,7 @@ def serve(
         max_body_mb=max_body_mb,
         strict=strict,
         sglang_version=sglang_version,
+        join_timeout_s=join_timeout_s,
     )
     if routes is not None:
         routes(server)

@@ -1,0 +1,212 @@
+"""`agent-r1 serve` under bad requests: a 400 naming the field for every malformed body (never a
+500), a bounded answer when the trainer's address stays silent, weights that are not finite or not
+safetensors refused with the old weights kept, long prompt text tokenised off the event loop, and a
+schema-driven fuzz of every endpoint that leaves the server healthy."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from rollout_servers import ServerProc, http
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("bad_requests")
+    (run_dir / "control" / "servers").mkdir(parents=True)
+    s = ServerProc(tiny_model_dir, run_dir, "b0", "--sglang-version", "0.5.6", "--join-timeout-s", "1")
+    yield s
+    s.kill()
+
+
+def _raw(
+    url: str, data: bytes, content_type: str = "application/json", timeout: float = 30
+) -> tuple[int, str]:
+    req = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def _greedy(url: str) -> list[int]:
+    status, out = http("POST", f"{url}/generate", {"input_ids": [5, 6, 7], "sampling_params":
+                       {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}})  # fmt: skip
+    assert status == 200, out
+    return out["output_ids"]
+
+
+@pytest.mark.parametrize(
+    "path, body, says",
+    [
+        ("/get_weights_by_name", {"name": ["model.norm.weight"]}, "name: must be a non-empty string, got list"),
+        ("/get_weights_by_name", {"name": "model.norm.weight", "truncate_size": "ten"}, "truncate_size: must be an integer >= 0"),
+        ("/get_weights_by_name", ["model.norm.weight"], "request body must be a JSON object, got list"),
+        ("/get_weights_by_name", b"name=model.norm.weight", "request body is not JSON"),
+        ("/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": "abc", "rank_offset": 1,
+                                        "world_size": 2}, "master_port: must be a port number in 1..65535, got str 'abc'"),
+        ("/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 29500, "rank_offset": 0,
+                                        "world_size": 2}, "rank_offset: must be in 1..world_size-1"),
+        ("/destroy_weights_update_group", [], "request body must be a JSON object, got list"),
+        ("/update_weight_version", b"{new_version: 3", "request body is not JSON"),
+        ("/update_weight_version", {"new_version": {"v": 1}}, "new_version: must be a string or a number"),
+        ("/update_weights_from_disk", {"model_path": 7}, "model_path: must be a non-empty string, got int"),
+        ("/update_weights_from_distributed", {"names": "w", "dtypes": ["float32"], "shapes": [[2]]},
+         "names: must be a list of strings"),
+        ("/generate", {"input_ids": [5, 6], "sampling_params": {"top_k": "abc"}}, "sampling_params.top_k: must be an integer"),
+        ("/abort_request", {"rid": 5}, "rid: must be a string"),
+    ],
+)  # fmt: skip
+def test_a_malformed_body_is_a_400_naming_the_field(server, path, body, says):
+    if isinstance(body, bytes):
+        status, text = _raw(server.url + path, body)
+    else:
+        status, out = http("POST", server.url + path, body)
+        text = json.dumps(out)
+    assert status == 400 and says in text, (status, text)
+    assert "Traceback" not in text and "Server got itself in trouble" not in text
+    assert http("GET", f"{server.url}/health")[0] == 200
+
+
+def test_weights_that_are_not_finite_or_not_safetensors_are_refused(server, tiny_model_dir, tmp_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    before = _greedy(server.url)
+    nan = tmp_path / "nan"
+    nan.mkdir()
+    tensors = load_file(str(next(Path(tiny_model_dir).glob("*.safetensors"))))
+    name = next(n for n, t in tensors.items() if t.is_floating_point() and "norm" in n)
+    tensors[name] = torch.full_like(tensors[name], float("nan"))
+    save_file(tensors, str(nan / "model.safetensors"))
+    status, out = http("POST", f"{server.url}/update_weights_from_disk", {"model_path": str(nan)})
+    assert (
+        status == 400
+        and f"{name}: holds NaN or infinite values; the serving weights are kept" in out["message"]
+    )
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    data = (nan / "model.safetensors").read_bytes()
+    (torn / "model.safetensors").write_bytes(data[: len(data) // 2])
+    status, out = http("POST", f"{server.url}/update_weights_from_disk", {"model_path": str(torn)})
+    assert status == 400 and "is not a readable safetensors file" in out["message"]
+    (torn / "model.safetensors").write_bytes(b"\xff" * 64)
+    status, out = http("POST", f"{server.url}/update_weights_from_disk", {"model_path": str(torn)})
+    assert status == 400 and "is not a readable safetensors file" in out["message"]
+    assert _greedy(server.url) == before  # the old weights kept serving
+    # and a good folder still loads
+    status, out = http("POST", f"{server.url}/update_weights_from_disk", {"model_path": str(tiny_model_dir)})
+    assert status == 200 and out["success"], out
+
+
+def test_a_silent_master_address_is_answered_in_bounded_time(server, tiny_model_dir):
+    """An address that accepts the connection and never speaks: each join answers failure after the
+    server's --join-timeout-s (1 s here), and eight of them leave the weight endpoints working."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    conns: list[socket.socket] = []
+    threading.Thread(
+        target=lambda: [conns.append(silent.accept()[0]) for _ in range(64)], daemon=True
+    ).start()
+    port = silent.getsockname()[1]
+    body = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2}
+    for i in range(8):
+        t0 = time.time()
+        status, out = http("POST", f"{server.url}/init_weights_update_group", {**body, "group_name": f"g{i}"})
+        assert status == 400 and time.time() - t0 < 15, (status, out)
+        assert "no rendezvous" in out["message"] or "earlier joins never finished" in out["message"], out
+    status, out = http("POST", f"{server.url}/update_weights_from_disk", {"model_path": str(tiny_model_dir)},
+                       timeout=60)  # fmt: skip
+    assert status == 200 and out["success"], out
+    silent.close()
+
+
+def test_long_prompt_text_is_tokenised_off_the_event_loop(server):
+    text = "word " * 1_000_000  # 5 MB: tens of seconds of tokenising on the event loop before
+    slowest = []
+
+    def health() -> None:
+        for _ in range(10):
+            t0 = time.time()
+            assert http("GET", f"{server.url}/health", timeout=30)[0] == 200
+            slowest.append(time.time() - t0)
+            time.sleep(0.05)
+
+    with ThreadPoolExecutor(2) as ex:
+        big = ex.submit(http, "POST", f"{server.url}/generate",
+                        {"text": text, "sampling_params": {"max_new_tokens": 1}}, 120)  # fmt: skip
+        time.sleep(0.3)  # the tokenisation is under way
+        ex.submit(health).result(timeout=120)
+        status, out = big.result(timeout=120)
+    assert status == 400 and "does not fit the context length 1024" in json.dumps(out), str(out)[:300]
+    assert max(slowest) < 2.0, slowest
+
+
+# ---- fuzz: bodies shaped like each endpoint's, with wrong types and values ------------------------
+ENDPOINTS = {
+    "/generate": ["text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
+                  "top_logprobs_num", "stream", "image_data"],
+    "/get_weights_by_name": ["name", "truncate_size"],
+    "/init_weights_update_group": ["master_address", "master_port", "rank_offset", "world_size", "group_name",
+                                   "backend"],
+    "/destroy_weights_update_group": ["group_name"],
+    "/update_weights_from_disk": ["model_path", "weight_version", "abort_all_requests"],
+    "/update_weights_from_distributed": ["names", "dtypes", "shapes", "group_name", "load_format", "flush_cache"],
+    "/update_weight_version": ["new_version", "abort_all_requests"],
+    "/abort_request": ["rid", "abort_all"],
+    "/pause_generation": ["mode"],
+    "/flush_cache": [],
+}  # fmt: skip
+_leaf = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12), st.sampled_from(["", "0", "float32", "gloo", "127.0.0.1", "model.norm.weight", "retract"]),
+)  # fmt: skip
+_value = st.recursive(
+    _leaf,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@st.composite
+def _request(draw):
+    path = draw(st.sampled_from(sorted(ENDPOINTS)))
+    keys = draw(st.lists(st.sampled_from(ENDPOINTS[path] or ["x"]), unique=True, max_size=4))
+    body = {k: draw(_value) for k in keys}
+    if path == "/generate" and "input_ids" not in body and "text" not in body:
+        body["input_ids"] = draw(st.lists(st.integers(-5, 5000), max_size=4))
+    if path == "/generate":
+        sp = body.get("sampling_params")
+        if not isinstance(sp, dict):
+            body["sampling_params"] = {"max_new_tokens": 2}
+        else:
+            sp["max_new_tokens"] = 2  # bounded work per request
+    if path == "/init_weights_update_group":
+        body["master_address"] = "127.0.0.1"  # never a real host (the port is fuzzed: nobody listens)
+    if path == "/update_weights_from_disk":
+        body["model_path"] = draw(st.sampled_from(["/nonexistent", "", 7, None]))
+    raw = json.dumps(body, allow_nan=True).encode()
+    return path, draw(st.sampled_from([raw, raw, raw, b"[1, 2]", raw[: len(raw) // 2], b"\xff\xfe"]))
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(req=_request())
+def test_fuzzed_bodies_get_4xx_or_2xx_and_the_server_stays_healthy(server, req):
+    path, data = req
+    status, text = _raw(server.url + path, data, timeout=60)
+    assert status < 500, (path, data[:200], status, text[:500])
+    assert http("GET", f"{server.url}/health", timeout=10)[0] == 200
+    if path == "/pause_generation":
+        assert http("POST", f"{server.url}/continue_generation", {})[0] == 200
