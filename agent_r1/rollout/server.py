@@ -267,7 +267,7 @@ class Server:
         middlewares = [api_key_middleware(api_key)] if api_key else []
         if strict:
             middlewares.append(_log_not_found)
-        middlewares.append(service_errors(lambda msg, status: _error(msg, status)))
+        middlewares.append(service_errors(_error))
         self.app = web.Application(client_max_size=max_body_mb << 20, middlewares=middlewares)
         r = self.app.router
         r.add_route("*", "/generate", self.generate)

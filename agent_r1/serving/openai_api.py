@@ -28,7 +28,7 @@ from agent_r1.agent.tool_calls import (
     ToolCall,
 )
 from agent_r1.rollout.sampling import BadRequest
-from agent_r1.rollout.server import Server, dumps
+from agent_r1.rollout.server import Server, dumps, read_json_body
 from agent_r1.vision.images import ImageError
 
 
@@ -107,11 +107,20 @@ def render_messages(messages: Any) -> list[dict[str, Any]]:
         if role == "system" and out:
             raise InvalidRequest(f"{where}: a system message must come first", where)
         if role == "tool":
-            name = m.get("name") or names.get(m.get("tool_call_id", ""))
+            for key in ("name", "tool_call_id"):
+                if m.get(key) is not None and not isinstance(m[key], str):
+                    raise InvalidRequest(f"{where}.{key}: must be a string, got {json.dumps(m[key])}", where)
+            name = m.get("name") or names.get(m.get("tool_call_id") or "")
             out.append({"role": "tool", "name": name, "content": text})
         elif role == "assistant" and m.get("tool_calls"):
+            if not isinstance(m["tool_calls"], list):
+                raise InvalidRequest(
+                    f"{where}.tool_calls: must be a list, got {json.dumps(m['tool_calls'])}", where
+                )
             calls = []
             for j, c in enumerate(m["tool_calls"]):
+                if isinstance(c, dict) and c.get("id") is not None and not isinstance(c["id"], str):
+                    raise InvalidRequest(f"{where}.tool_calls[{j}].id: must be a string", where)
                 f = c.get("function") if isinstance(c, dict) else None
                 if not isinstance(f, dict) or not isinstance(f.get("name"), str):
                     raise InvalidRequest(f"{where}.tool_calls[{j}]: needs function.name", where)
@@ -126,7 +135,7 @@ def render_messages(messages: Any) -> list[dict[str, Any]]:
                     raise InvalidRequest(
                         f"{where}.tool_calls[{j}].function.arguments: must be an object", where
                     )
-                names[c.get("id", "")] = f["name"]
+                names[c.get("id") or ""] = f["name"]
                 calls.append({"name": f["name"], "arguments": args})
             out.append({"role": "assistant", "content": text, "tool_calls": calls})
         else:
@@ -208,7 +217,12 @@ class OpenAIRoutes:
         return {k: v for k, v in d.items() if v is not None}
 
     def _requests(
-        self, ids: list[int], sampling: dict[str, Any], top: int, images: list[Any] | None = None
+        self,
+        ids: list[int],
+        sampling: dict[str, Any],
+        top: int,
+        images: list[Any] | None = None,
+        prompt_field: str = "messages",
     ) -> list[Any]:
         try:
             return self.engine.make_requests(
@@ -216,9 +230,12 @@ class OpenAIRoutes:
             )
         except BadRequest as e:  # names the field in SGLang's terms: say OpenAI's
             msg = (
-                str(e).replace("sampling_params.max_new_tokens", "max_tokens").replace("sampling_params.", "")
+                str(e)
+                .replace("sampling_params.max_new_tokens", "max_tokens")
+                .replace("sampling_params.", "")
+                .replace("input_ids:", f"{prompt_field}:")
             )
-            raise InvalidRequest(msg) from None
+            raise InvalidRequest(msg, prompt_field if msg.startswith(f"{prompt_field}:") else None) from None
 
     async def _updates(self, reqs: list[Any]) -> AsyncIterator[tuple[int, list[int], bool]]:
         """(choice index, output ids so far, finished) as the engine produces tokens."""
@@ -260,12 +277,12 @@ class OpenAIRoutes:
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
     async def _handle(self, request: web.Request, fn) -> web.StreamResponse:
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return error_response(f"request body is not JSON: {e}")
+        try:  # bytes, whatever charset the Content-Type claims: JSON is UTF-8
+            body = await read_json_body(request)
+        except BadRequest as e:
+            return error_response(str(e))
         if not isinstance(body, dict):
-            return error_response("request body must be a JSON object")
+            return error_response(f"request body must be a JSON object, got {type(body).__name__}")
         try:
             return await fn(request, body)
         except InvalidRequest as e:
@@ -284,7 +301,11 @@ class OpenAIRoutes:
 
     async def _completions(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        if (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
             ids = list(prompt)
         elif isinstance(prompt, str) and prompt:
             ids = list(self.engine.tokenizer.encode(prompt, add_special_tokens=False))
@@ -292,7 +313,7 @@ class OpenAIRoutes:
             raise InvalidRequest("prompt: must be a non-empty string or a list of token ids", "prompt")
         top = _get(body, "logprobs", (int,), 0)
         eos = sorted(self.engine.eos_ids)
-        reqs = self._requests(ids, self._sampling(body, 16, []), top)
+        reqs = self._requests(ids, self._sampling(body, 16, []), top, prompt_field="prompt")
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": rid, "object": "text_completion", "created": created, "model": self.name}
         if body.get("stream"):

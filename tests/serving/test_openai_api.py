@@ -193,3 +193,83 @@ def test_an_image_to_a_text_model_is_a_clear_error(client):
             messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": png}}]}],
             max_tokens=2,
         )
+
+
+def _post(url: str, data: bytes, content_type: str = "application/json") -> tuple[int, dict | str]:
+    import urllib.error
+
+    req = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            status, raw = r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read().decode()
+    try:
+        return status, json.loads(raw)
+    except json.JSONDecodeError:
+        return status, raw
+
+
+NESTED = b'{"model": "m", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "says"),
+    [
+        ("/v1/chat/completions", NESTED, "request body is nested too deeply"),
+        ("/v1/completions", NESTED.replace(b'"messages"', b'"prompt"'), "request body is nested too deeply"),
+        ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": "", "tool_calls": 5}]},
+         "messages[0].tool_calls: must be a list, got 5"),
+        ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": "", "tool_calls": [
+            {"id": ["x"], "type": "function", "function": {"name": "calculator", "arguments": "{}"}}]}]},
+         "messages[0].tool_calls[0].id: must be a string"),
+        ("/v1/chat/completions", {"messages": [*ASK, {"role": "tool", "tool_call_id": {"id": 1}, "content": "4"}]},
+         "messages[1].tool_call_id: must be a string"),
+        ("/v1/completions", {"prompt": [True]}, "prompt: must be a non-empty string or a list of token ids"),
+        ("/v1/completions", {"prompt": [10**9]}, "prompt: token id 1000000000 outside the vocabulary"),
+    ],
+)  # fmt: skip
+def test_malformed_openai_bodies_are_400s_naming_the_field(server, path, body, says):
+    data = (
+        body
+        if isinstance(body, bytes)
+        else json.dumps({"model": "tiny-agent", "max_tokens": 2, **body}).encode()
+    )
+    status, out = _post(server.url + path, data)
+    assert status == 400 and isinstance(out, dict) and says in out["error"]["message"], (
+        status,
+        str(out)[:500],
+    )
+    assert out["error"]["type"] == "invalid_request_error"
+
+
+def test_a_bogus_charset_is_read_as_utf8(server):
+    data = json.dumps({"model": "tiny-agent", "messages": ASK, "max_tokens": 2}).encode()
+    status, out = _post(server.url + "/v1/chat/completions", data, "application/json; charset=bogus")
+    assert status == 200 and out["choices"][0]["message"]["role"] == "assistant", out
+
+
+def test_fuzzed_openai_bodies_get_4xx_or_2xx(server):
+    """Messages, tools and sampling fields of the wrong shapes: never a 500, the server stays up."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(), st.text(max_size=8),
+                     st.sampled_from(["user", "assistant", "tool", "system", "function", "calculator", "auto"]))  # fmt: skip
+    value = st.recursive(leaf, lambda v: st.lists(v, max_size=3) | st.dictionaries(
+        st.sampled_from(["role", "content", "tool_calls", "id", "function", "name", "arguments", "type",
+                         "tool_call_id", "text", "image_url", "url"]), v, max_size=4), max_leaves=10)  # fmt: skip
+    fields = ["messages", "tools", "tool_choice", "temperature", "top_p", "n", "stop", "logprobs", "top_logprobs",
+              "seed", "stream", "prompt", "max_tokens", "response_format"]  # fmt: skip
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(path=st.sampled_from(["/v1/chat/completions", "/v1/completions"]),
+           body=st.dictionaries(st.sampled_from(fields), value, max_size=5))  # fmt: skip
+    def check(path, body):
+        body = {**body, "model": "tiny-agent", "max_tokens": 2, "n": 1}
+        status, out = _post(server.url + path, json.dumps(body, allow_nan=True).encode())
+        assert status < 500, (path, body, status, str(out)[:400])
+
+    check()
+    with urllib.request.urlopen(server.url + "/health", timeout=10) as r:
+        assert r.status == 200
