@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from agent_r1.rollout.bodies import describe, need, service_errors
 from agent_r1.rollout.sampling import BadRequest
 from agent_r1.rollout.server import (
     _error,
@@ -36,11 +37,33 @@ log = logging.getLogger("agent_r1.webshop_server")
 GOAL_KEYS = {f.name for f in dataclasses.fields(Goal)}
 
 
+GOAL_FIELDS = {"asin": "text", "category": "str", "query": "str", "name": "str", "product_category": "str",
+               "instruction_text": "str", "attributes": "str_list", "price_upper": "number", "weight": "number"}  # fmt: skip
+
+
+def goal_from_json(goal: Any) -> Goal:
+    """A ``/reset`` goal: every field of ``Goal`` with the type the shop and the reward read it as."""
+    if not isinstance(goal, dict) or set(goal) != GOAL_KEYS:
+        raise BadRequest(f"goal: must be an object with keys {sorted(GOAL_KEYS)}")
+    for key, kind in GOAL_FIELDS.items():
+        need(goal, key, kind, where="goal.")
+    opts = goal["goal_options"]
+    if not (
+        (isinstance(opts, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in opts.items()))
+        or (isinstance(opts, list) and all(isinstance(v, str) for v in opts))
+    ):
+        raise BadRequest(
+            f"goal.goal_options: must be an object of strings or a list of strings, got {describe(opts)}"
+        )
+    return Goal(**goal)
+
+
 class WebShopServer:
     def __init__(self, shop: Shop, api_key: str | None = None, max_sessions: int = 10000):
         self.shop, self.max_sessions = shop, max_sessions
         self.sessions: OrderedDict[str, Session] = OrderedDict()
-        self.app = web.Application(middlewares=[api_key_middleware(api_key)] if api_key else [])
+        guard = [api_key_middleware(api_key)] if api_key else []
+        self.app = web.Application(middlewares=[*guard, service_errors(_error)])
         self.app.router.add_get("/health", self.health)
         self.app.router.add_post("/reset", self.reset)
         self.app.router.add_post("/step", self.step)
@@ -57,13 +80,11 @@ class WebShopServer:
 
     async def reset(self, request: web.Request) -> web.Response:
         try:
-            goal = (await self._body(request)).get("goal")
-            if not isinstance(goal, dict) or set(goal) != GOAL_KEYS:
-                raise BadRequest(f"'goal' must be an object with keys {sorted(GOAL_KEYS)}")
+            goal = goal_from_json((await self._body(request)).get("goal"))
         except BadRequest as e:
             return _error(str(e))
         sid = uuid.uuid4().hex
-        self.sessions[sid] = Session(Goal(**goal))
+        self.sessions[sid] = Session(goal)
         while len(self.sessions) > self.max_sessions:
             self.sessions.popitem(last=False)
         return _json({"session": sid})

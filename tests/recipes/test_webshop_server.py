@@ -92,12 +92,20 @@ def test_64_concurrent_shoppers_keep_their_sessions_apart(server):
 @pytest.mark.parametrize(
     ("path", "body", "says"),
     [
-        ("/reset", {"goal": {"asin": "x"}}, "'goal' must be an object with keys"),
+        ("/reset", {"goal": {"asin": "x"}}, "goal: must be an object with keys"),
+        ("/reset", {"goal": {**D.catalog()[1][0].to_json(), "instruction_text": ["buy", "a", "mug"]}},
+         "goal.instruction_text: must be a string, got list"),
+        ("/reset", {"goal": {**D.catalog()[1][0].to_json(), "attributes": "machine wash"}},
+         "goal.attributes: must be a list of strings, got str"),
+        ("/reset", {"goal": {**D.catalog()[1][0].to_json(), "price_upper": "cheap"}},
+         "goal.price_upper: must be a finite number"),
+        ("/reset", {"goal": {**D.catalog()[1][0].to_json(), "goal_options": 3}},
+         "goal.goal_options: must be an object of strings or a list of strings"),
         ("/step", {"session": 3, "action": "search[x]"}, "'session' must be a string"),
         ("/step", {"session": "nope", "action": "search[x]"}, "no session 'nope'"),
         ("/step", [], "body must be a JSON object"),
     ],
-)
+)  # fmt: skip
 def test_bad_requests_name_the_field(server, path, body, says):
     import urllib.error
     import urllib.request
@@ -137,3 +145,42 @@ def test_a_dead_server_ends_the_episode_as_an_environment_error(codec, tmp_path)
     assert kept == [] and dropped == [t]
     with pytest.raises(EnvServerError, match="unreachable after 3 tries"):
         asyncio.run(RemoteSession(srv.url, Goal(**row.extra_info["goal"])).act("search[x]"))
+
+
+def test_fuzzed_requests_get_4xx_or_2xx_and_sessions_keep_working(server):
+    """Bodies of the wrong shapes (a goal's fields swapped for any JSON), never a 500; afterwards a
+    real session still shops to the end."""
+    import urllib.error
+    import urllib.request
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    def post(path, body):
+        req = urllib.request.Request(server.url + path, json.dumps(body, allow_nan=True).encode(),
+                                     {"Content-Type": "application/json"})  # fmt: skip
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    goal = D.catalog()[1][0].to_json()
+    value = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                         lambda v: st.lists(v, max_size=3) | st.dictionaries(st.text(max_size=5), v, max_size=3),
+                         max_leaves=6)  # fmt: skip
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(path=st.sampled_from(["/reset", "/step", "/close"]), swap=st.dictionaries(st.sampled_from(sorted(goal)), value, max_size=3),
+           session=value, action=value)  # fmt: skip
+    def check(path, swap, session, action):
+        body = {"goal": {**goal, **swap}} if path == "/reset" else {"session": session, "action": action}
+        status, out = post(path, body)
+        assert status < 500, (path, body, status, str(out)[:300])
+        if status == 200 and path == "/reset":  # an accepted goal: its session answers steps
+            assert post("/step", {"session": out["session"], "action": "search[mug]"})[0] == 200
+
+    check()
+    status, out = post("/reset", {"goal": goal})
+    assert status == 200
+    assert post("/step", {"session": out["session"], "action": "search[mug]"})[0] == 200
