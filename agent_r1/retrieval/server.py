@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from agent_r1.retrieval.index import Index
+from agent_r1.rollout.bodies import need, service_errors
 from agent_r1.rollout.sampling import BadRequest
 from agent_r1.rollout.server import (
     _error,
@@ -48,13 +49,14 @@ def parse_request(body: Any) -> tuple[list[str], int, bool]:
             raise BadRequest(f"queries[{i}] has {len(q)} characters (max {MAX_QUERY_CHARS})")
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_TOPK:
         raise BadRequest(f"'topk' must be an integer in 1..{MAX_TOPK}, got {k!r}")
-    return queries, k, bool(body.get("return_scores", False))
+    return queries, k, need(body, "return_scores", "bool", False)
 
 
 class RetrieverServer:
     def __init__(self, index: Index, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None):
         self.index, self.host, self.port = index, host, port
-        self.app = web.Application(middlewares=[api_key_middleware(api_key)] if api_key else [])
+        guard = [api_key_middleware(api_key)] if api_key else []
+        self.app = web.Application(middlewares=[*guard, service_errors(_error)])
         self.app.router.add_get("/health", self.health)
         self.app.router.add_post("/retrieve", self.retrieve)
         self._pending: list[tuple[list[str], int, asyncio.Future]] = []

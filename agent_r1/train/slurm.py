@@ -323,6 +323,27 @@ def render_array(spec: dict[str, Any], sweep_dir: Path, n: int, cfg: TrainConfig
     )
 
 
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def merge_overrides(base: list[str], extra: list[str]) -> list[str]:
+    """The sweep's ``base`` overrides with the command line's on top: one that sets a key ``base``
+    sets replaces it (``+experiment=X`` swaps the preset; Hydra refuses two values for one key), in
+    ``base``'s form (``experiment=X`` for a base ``+experiment=...`` is still an addition)."""
+    given = {_override_key(o): o for o in extra}
+    out = []
+    for o in base:
+        key = _override_key(o)
+        if key in given:
+            new = given.pop(key)
+            prefix = o[: len(o) - len(o.lstrip("+~"))]
+            out.append(prefix + new.lstrip("+~"))
+        else:
+            out.append(o)
+    return out + [o for o in extra if _override_key(o) in given]
+
+
 def sweep(
     path: str | Path, extra: list[str], dry_run: bool = False, out_dir: str | None = None
 ) -> dict[str, Any]:
@@ -336,7 +357,7 @@ def sweep(
     if unknown:
         raise ConfigError(f"sweep config {path}: unknown keys {sorted(unknown)}")
     sweep_dir = Path(out_dir or Path("runs") / "sweeps" / spec["name"]).resolve()
-    base = [*spec.get("base", []), *extra]
+    base = merge_overrides(spec.get("base", []), extra)
     tasks = []
     for i, over in enumerate(sweep_tasks(spec)):
         args = [

@@ -439,3 +439,25 @@ def test_gpu_sweep_renders_one_multi_node_allocation_per_task(tmp_path):
     server = next(line for line in job.splitlines() if " role server " in line)
     assert "--relative=4" in server and "--gpus-per-task=1" in server and "--supervise" in server
     assert f"--run-dir {tmp_path / 'sw' / 'task_000'}" in job
+
+
+def test_the_command_line_replaces_the_sweeps_experiment(tmp_path):
+    """``agent-r1 sweep S.yaml +experiment=X`` on a sweep whose base names another experiment runs X
+    (Hydra alone refuses two values for one key), and any other key given twice takes the command
+    line's value."""
+    from agent_r1.train.slurm import merge_overrides, sweep
+
+    assert merge_overrides(["+experiment=quickstart", "optim.lr=1e-5"], ["+experiment=webshop_steppo", "seed=3"]) == [
+        "+experiment=webshop_steppo", "optim.lr=1e-5", "seed=3"]  # fmt: skip
+    assert merge_overrides(["+experiment=quickstart"], ["experiment=webshop_steppo"]) == [
+        "+experiment=webshop_steppo"
+    ]
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(json.dumps({"name": "s", "base": ["+experiment=quickstart", "optim.lr=1e-5"],
+                                "grid": {"rollout.group_size": [2, 4]}}))  # fmt: skip
+    out = sweep(
+        spec, ["+experiment=smollm2_gsm8k_tool", "optim.lr=3e-6"], dry_run=True, out_dir=str(tmp_path / "sw")
+    )
+    args = [t["args"] for t in out["tasks"]]
+    assert all("+experiment=smollm2_gsm8k_tool" in a and "+experiment=quickstart" not in a for a in args)
+    assert all("optim.lr=3e-6" in a and "optim.lr=1e-5" not in a for a in args)

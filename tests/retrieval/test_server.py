@@ -198,3 +198,24 @@ def test_the_runs_search_tools_follow_a_restarted_retriever(server, world_index,
         assert len(hits) == 3
     finally:
         set_default(None)
+
+
+def test_fuzzed_retrieve_bodies_get_4xx_or_2xx(server):
+    """Search-R1 bodies of every wrong shape: a 400 or hits, never a 500, the server still answers."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    value = st.recursive(st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats() | st.text(max_size=10),
+                         lambda v: st.lists(v, max_size=4) | st.dictionaries(st.text(max_size=5), v, max_size=3),
+                         max_leaves=8)  # fmt: skip
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(body=st.dictionaries(st.sampled_from(["queries", "topk", "return_scores"]), value, max_size=3)
+           | value)  # fmt: skip
+    def check(body):
+        data = json.dumps(body, allow_nan=True).encode()
+        status, out = _post(server, data)
+        assert status in (200, 400), (body, status, out)
+
+    check()
+    assert _post(server, {"queries": ["who"], "topk": 1})[0] == 200
