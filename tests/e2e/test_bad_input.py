@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from train_checks import check_finished, reduced, train
 
 
 def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -183,10 +182,9 @@ def test_infer_names_the_bad_line_before_any_server_starts(content, says, tiny_m
 # ---- a trained run with a damaged shard and a damaged checkpoint ------------------------------------
 
 
-@pytest.fixture(scope="module")
-def damaged_run(tiny_model_dir: Path, tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("damaged") / "run"
-    check_finished(train(reduced(tiny_model_dir, run, "trainer.eval_every=0")), run, 2)
+@pytest.fixture
+def damaged_run(copy_run) -> Path:
+    run = copy_run("damaged")
     shard = _shard(run / "records", 1)
     with shard.open("r+b") as f:  # a few bytes overwritten in place: same size, wrong checksum
         f.seek(1000)

@@ -62,16 +62,19 @@ def _episodes(table) -> dict[int, list[list[int]]]:
     [[], ["parallel.tp=2", "parallel.learner_ranks=2"], ["parallel.pp=2", "parallel.learner_ranks=2"]],
     ids=["tp1pp1", "tp2", "pp2"],
 )
-def test_eval_of_a_run_reproduces_the_trainers_held_out_episodes(tiny_model_dir, tmp_path, layout):
+def test_eval_of_a_run_reproduces_the_trainers_held_out_episodes(tiny_model_dir, tmp_path, layout, request):
     """The checkpoint (TP2 / PP2: two shard files, resharded on export) exported to HF and served greedily
     generates what the trainer's servers generated from the weights the learner pushed."""
-    run = tmp_path / "run"
-    check_finished(train(reduced(tiny_model_dir, run, "recipe.test_size=8", *layout)), run, 2)
+    if layout:
+        run = tmp_path / "run"
+        check_finished(train(reduced(tiny_model_dir, run, "recipe.test_size=8", *layout)), run, 2)
+    else:  # the shared run (recipe.test_size=4)
+        run = request.getfixturevalue("finished_run")
     out = tmp_path / "eval"
     r = _eval("--run", str(run), "--out", str(out))
     metrics = json.loads((out / "metrics.json").read_text())
     summary = json.loads((run / "summary.json").read_text())
-    assert metrics["success"] == summary["eval_success_end"] and metrics["episodes"] == 8
+    assert metrics["success"] == summary["eval_success_end"] and metrics["episodes"] == (8 if layout else 4)
     assert f"success {metrics['success']:.3f}" in r.stdout
     # token for token what the trainer's last evaluation generated (greedy, same checkpoint)
     trainer = RecordStore(run / "eval_records").read(2)
@@ -82,7 +85,7 @@ def test_eval_of_a_run_reproduces_the_trainers_held_out_episodes(tiny_model_dir,
         r = _eval("--run", str(run), "--n", "2", "--temperature", "1.0")
         inside = run / "evals" / "test-iter_000001-n2-T1"
         sampled = json.loads((inside / "metrics.json").read_text())
-        assert sampled["episodes"] == 16 and f"metrics:  {inside}/metrics.json" in r.stdout
+        assert sampled["episodes"] == 8 and f"metrics:  {inside}/metrics.json" in r.stdout
         assert (run / "evals" / "hf_iter_000001" / "model.safetensors").exists()  # one export, shared
 
 
@@ -98,12 +101,11 @@ def test_sampled_eval_reports_pass_at_k(tiny_model_dir, tmp_path):
     assert RecordStore(out / "records").read(0).num_rows >= 12
 
 
-def test_export_a_run_to_bfloat16_hf(tiny_model_dir, tmp_path):
+def test_export_a_run_to_bfloat16_hf(tiny_model_dir, finished_run, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    run = tmp_path / "run"
-    check_finished(train(reduced(tiny_model_dir, run, "trainer.iterations=1")), run, 1)
+    run = finished_run
     out = tmp_path / "hf_bf16"
     r = subprocess.run([sys.executable, "-m", "agent_r1.cli", "export", str(run), "--out", str(out), "--dtype", "bfloat16"],
                        capture_output=True, text=True, timeout=300)  # fmt: skip

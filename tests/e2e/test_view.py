@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from train_checks import check_finished, reduced, train
 
 from agent_r1.agent.chat import ChatCodec
 from agent_r1.records.reader import RecordStore
@@ -34,20 +33,20 @@ def _trajectories(run: Path) -> dict[str, list[dict]]:
     return out
 
 
-def test_view_a_run_in_chromium(tiny_model_dir, tmp_path):
+def test_view_a_run_in_chromium(tiny_model_dir, finished_run, tmp_path):
     pytest.importorskip("playwright")
     from playwright.sync_api import sync_playwright
     from screenshot_view import chromium, screenshot
 
-    run = tmp_path / "run"
-    check_finished(train(reduced(tiny_model_dir, run, "trainer.iterations=1")), run, 1)
+    run = finished_run
+    page_file = tmp_path / "view.html"
     r = subprocess.run(
-        [sys.executable, "-m", "agent_r1.cli", "view", str(run)], capture_output=True, text=True, timeout=120
-    )
+        [sys.executable, "-m", "agent_r1.cli", "view", str(run), "--out", str(page_file)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     trajs = _trajectories(run)
     assert f"{len(trajs)} of {len(trajs)} trajectories" in r.stdout
-    page_file = run / "view.html"
     text = page_file.read_text()
     assert "http://" not in text.split('<script id="data"')[0] and "<link" not in text  # self-contained
     codec = ChatCodec.load(str(tiny_model_dir))
