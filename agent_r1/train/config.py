@@ -383,13 +383,6 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check_numbers(self, "")
         bridge_config(self)  # the learner's own checks of model.dtype / precision / fp8_recipe, tp, pp
-        budget = self.rollout.max_obs_tokens + self.rollout.max_action_tokens
-        _check(
-            budget <= self.model.max_len,
-            "rollout.max_obs_tokens + rollout.max_action_tokens",
-            f"{self.rollout.max_obs_tokens} + {self.rollout.max_action_tokens} = {budget} does not fit"
-            f" model.max_len {self.model.max_len} (the servers' context): lower one or raise model.max_len",
-        )
         _check(
             self.cluster.launcher == "slurm" or self.parallel.backend == "gloo",
             "parallel.backend",

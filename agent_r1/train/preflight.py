@@ -87,10 +87,12 @@ def model_problems(cfg: TrainConfig, local: bool = True) -> list[str]:
                 f"model.max_len={m.max_len} exceeds the model's max_position_embeddings={dims['positions']}"
             )
     r = cfg.rollout
-    if r.max_obs_tokens >= m.max_len:
+    if r.max_obs_tokens + r.max_action_tokens > m.max_len:
         out.append(
-            f"rollout.max_obs_tokens={r.max_obs_tokens} must be below model.max_len={m.max_len} (the "
-            "servers refuse prompts that leave no room to generate)"
+            f"rollout.max_obs_tokens={r.max_obs_tokens} + rollout.max_action_tokens={r.max_action_tokens}"
+            f" = {r.max_obs_tokens + r.max_action_tokens} must fit model.max_len={m.max_len} (the servers'"
+            " context: an observation at its budget leaves no room for a full action): lower one or raise"
+            " model.max_len"
         )
     if local:
         import torch

@@ -139,8 +139,7 @@ def test_records_name_what_is_missing(store: Path, tmp_path: Path, cli):
         (["serve", "--model", "x", "--port", "70000"], "argument --port: must be a port in 0..65535"),
         (["train", "+experiment=quickstart", "optim.lr=inf"], "optim.lr: must be a finite number, got inf"),
         (["train", "+experiment=quickstart", "trainer.timeout_s=-1"], "trainer.timeout_s: must be > 0 seconds"),
-        (["train", "+experiment=quickstart", "rollout.max_action_tokens=100000"],
-         "512 + 100000 = 100512 does not fit model.max_len 2048"),
+
     ],
 )  # fmt: skip
 def test_nonsense_is_refused_before_anything_starts(args, says, tiny_model_dir: Path, tmp_path: Path, cli):
@@ -252,3 +251,14 @@ def test_debug_shows_the_traceback(tmp_path: Path):
     assert main(["records", "stats", str(tmp_path / "nope")]) == 1
     with pytest.raises(FileNotFoundError, match="no records directory"):
         main(["--debug", "records", "stats", str(tmp_path / "nope")])
+
+
+def test_an_action_budget_over_the_context_is_refused_before_any_role(tiny_model_dir: Path, tmp_path: Path):
+    """``rollout.max_action_tokens=100000`` with ``model.max_len=2048``: the run's preflight refuses it
+    (with every other problem), no role starts."""
+    r = _cli("train", "+experiment=quickstart", f"model.path={tiny_model_dir}", "model.build=null",
+             f"trainer.run_dir={tmp_path / 'run'}", "rollout.max_action_tokens=100000", timeout=120)  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "rollout.max_action_tokens=100000 = 100512 must fit model.max_len=2048" in r.stderr
+    assert not list((tmp_path / "run" / "control" / "roles").glob("*.json"))
+    assert not _processes_naming(str(tmp_path))

@@ -41,7 +41,11 @@ def _train(*args: str) -> tuple[subprocess.CompletedProcess, float]:
             "parallel.tp=4 does not divide the model's 2 key-value heads",
         ),
         (["model.precision=fp8"], "model.precision=fp8 needs NVIDIA GPUs"),
-        (["model.max_len=16"], "rollout.max_obs_tokens=512 must be below model.max_len=16"),
+        (
+            ["model.max_len=16"],
+            "rollout.max_obs_tokens=512 + rollout.max_action_tokens=48 = 560 must fit model.max_len=16",
+        ),
+        (["rollout.max_action_tokens=100000"], "= 100512 must fit model.max_len=2048"),
     ],
 )
 def test_model_and_layout_problems(tiny_model_dir, overrides, msg):
