@@ -229,24 +229,30 @@ class LearnerBatch:
 
     # ---- micro-batches ----------------------------------------------------------------------------
     def micro_batches(
-        self, trajectories: np.ndarray | None, max_tokens: int, cache: bool = True
+        self, trajectories: np.ndarray | None, max_tokens: int, cache: bool = True, pad_to: int = 1
     ) -> list[Packed]:
         """The given trajectories (all when None) as packed micro-batches of at most ``max_tokens``
         tokens (first-fit decreasing in the given order; a longer trajectory gets one of its
         own). With ``cache`` the same selection returns the same plan (the old-logprob,
-        reference, value and policy passes over one selection share it)."""
+        reference, value and policy passes over one selection share it). ``pad_to``: each
+        micro-batch's stream is padded to a multiple of it (FP8 GEMMs need 16) by one padding
+        sequence of its own: attended by nothing real, no label, no value, in no denominator."""
+        if pad_to < 1:
+            raise ValueError(f"pad_to must be >= 1, got {pad_to}")
         sel = np.arange(self.num_trajectories) if trajectories is None else np.asarray(trajectories, np.int64)
-        key = (sel.tobytes(), max_tokens)
+        key = (sel.tobytes(), max_tokens, pad_to)
         if key in self._plans:
             return self._plans[key]
         lengths = np.diff(self.traj_tokens)[sel]
-        plan = [self._gather(np.sort(sel[b])) for b in first_fit_decreasing(lengths.tolist(), max_tokens)]
+        plan = [
+            self._gather(np.sort(sel[b]), pad_to) for b in first_fit_decreasing(lengths.tolist(), max_tokens)
+        ]
         if cache:
             self._plans[key] = plan
         return plan
 
-    def _gather(self, members: np.ndarray) -> Packed:
-        """One micro-batch: the member trajectories' stream segments back to back."""
+    def _gather(self, members: np.ndarray, pad_to: int = 1) -> Packed:
+        """One micro-batch: the member trajectories' stream segments back to back (then padding)."""
         t0, t1 = self.traj_tokens[members], self.traj_tokens[members + 1]
         lens = t1 - t0
         tok_idx = ranges(t0, lens)
@@ -265,8 +271,15 @@ class LearnerBatch:
         seqs = ranges(first, last - first)
         seq_lens = np.diff(self.seq_starts)[seqs]
         cu = _exclusive_cumsum(seq_lens)
-        seq_id = np.repeat(np.arange(len(seqs)), seq_lens)
         tokens = self.stream_tokens[tok_idx]
+        pad = -len(tokens) % pad_to
+        if pad:  # one more sequence, of padding: its own segment, positions from 0
+            seq_lens = np.append(seq_lens, pad)
+            cu = _exclusive_cumsum(seq_lens)
+            tokens = np.concatenate([tokens, np.full(pad, PAD_TOKEN, tokens.dtype)])
+            fill = np.broadcast_to(np.arange(pad, dtype=positions.dtype), (*positions.shape[:-1], pad))
+            positions = np.concatenate([positions, fill], axis=-1)
+        seq_id = np.repeat(np.arange(len(seq_lens)), seq_lens)
 
         def dev(x: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
@@ -294,6 +307,9 @@ class LearnerBatch:
             images=images,
             image_pos=image_pos,
         )
+
+
+PAD_TOKEN = 0  # the id a padding sequence holds: never a label, so any id in the vocabulary does
 
 
 def _sequence_images(t: pa.Table, merged: np.ndarray, vision: Geometry | None) -> list[list[Image]] | None:

@@ -20,6 +20,10 @@ class OptimConfig:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     micro_tokens: int = 4096  # packed tokens per micro-batch
+    # each micro-batch's token stream padded to a multiple of this (masked padding: never trained
+    # on, in no denominator); 0 = automatic: 16 with model.precision=fp8 (Transformer Engine's FP8
+    # GEMMs need dimensions divisible by 16), else none
+    pad_multiple: int = 0
     distributed_optimizer: bool = True
 
     def __post_init__(self) -> None:
@@ -27,6 +31,18 @@ class OptimConfig:
             raise ValueError(f"optim.lr must be > 0 and 0 <= min_lr <= lr, got {self.lr}, {self.min_lr}")
         if self.micro_tokens < 1:
             raise ValueError(f"optim.micro_tokens must be >= 1, got {self.micro_tokens}")
+        if self.pad_multiple < 0:
+            raise ValueError(f"optim.pad_multiple must be >= 0 (0 = automatic), got {self.pad_multiple}")
+
+
+FP8_ALIGNMENT = 16  # Transformer Engine: FP8 GEMM dimensions must be multiples of 16
+
+
+def pad_multiple(optim: OptimConfig, precision: str) -> int:
+    """The multiple every micro-batch's stream is padded to."""
+    if optim.pad_multiple:
+        return optim.pad_multiple
+    return FP8_ALIGNMENT if precision == "fp8" else 1
 
 
 def torch_optimizers(megatron_optimizer: Any) -> list[Any]:

@@ -28,6 +28,7 @@ from agent_r1.learner.actor import Actor, PolicyTargets
 from agent_r1.learner.batch import LearnerBatch, drop_nonfinite
 from agent_r1.learner.critic import Critic
 from agent_r1.learner.device import all_reduce_scalar, collective_device, keep_freed_host_memory
+from agent_r1.learner.optim import pad_multiple
 from agent_r1.logging import Progress
 from agent_r1.records.reader import RecordStore
 from agent_r1.rollout.sampling import logprob_temperature
@@ -123,7 +124,8 @@ class Learner:
         )
 
     def micro(self, b: LearnerBatch, trajectories: np.ndarray | None = None, cache: bool = True):
-        return b.micro_batches(trajectories, self.cfg.optim.micro_tokens, cache=cache)
+        pad_to = pad_multiple(self.cfg.optim, self.cfg.model.precision)
+        return b.micro_batches(trajectories, self.cfg.optim.micro_tokens, cache=cache, pad_to=pad_to)
 
     def _plan(self, n: int, iteration: int) -> list[np.ndarray]:
         """The trajectories of every optimizer step: epochs x mini-batches (the same number on

@@ -99,6 +99,13 @@ def main() -> None:
             m_old = list_path.update(old, t, 1, 0)
             g_old = grads(old)
             results[name] = {"new": m_new, "old": m_old, "grads_new": g_new, "grads_old": g_old}
+        # micro-batches padded to multiples of 16 (FP8's alignment): the same update
+        plain = learner(model_dir, ["algorithm=grpo", "optim.micro_tokens=64"])
+        padded = learner(model_dir, ["algorithm=grpo", "optim.micro_tokens=64", "optim.pad_multiple=16"])
+        results["padded"] = {
+            "plain": plain.update(t, 1, 0), "padded": padded.update(t, 1, 0),
+            "grads_plain": grads(plain), "grads_padded": grads(padded),
+        }  # fmt: skip
         # token-level GAE trains its (step-level) critic on the return at each step's first token
         lr = learner(model_dir, ["algorithm=ppo", "algorithm.advantage=token_gae"])
         results["token_gae"] = lr.update(t, 1, 0)

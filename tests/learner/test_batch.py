@@ -67,6 +67,39 @@ def test_hand_worked_stream():
     assert not m[5, 0] and m[6, 5] and m[0, 1]  # causal inside, blocked across sequences
 
 
+def test_padding_to_a_multiple_is_one_masked_sequence_of_its_own():
+    steps = [
+        _step("a", 0, [1, 2], [3], 0),
+        _step("a", 1, [1, 2, 3, 9], [4, 5], 3),
+        _step("b", 0, [5], [5, 5], 0, done=True),
+    ]
+    b = LearnerBatch.from_table(records_to_table(steps))
+    (plain,) = b.micro_batches(None, 100)
+    (mb,) = b.micro_batches(None, 100, pad_to=16)
+    assert plain.num_tokens == 9 and mb.num_tokens == 16
+    assert mb.tokens.tolist() == plain.tokens.tolist() + [0] * 7
+    assert mb.positions.tolist() == plain.positions.tolist() + list(range(7))  # its own positions
+    assert mb.cu_seqlens.tolist() == [0, 6, 9, 16] and mb.bounds == [(0, 6), (6, 9), (9, 16)]
+    assert mb.seq_id.tolist() == [0] * 6 + [1] * 3 + [2] * 7
+    for name in ("label_pos", "label_step", "label_mask", "step_value_pos", "act_index", "step_index"):
+        assert getattr(mb, name).tolist() == getattr(plain, name).tolist(), name  # no label, no value
+    m = mb.attention_mask()[0, 0]
+    assert m[9:, :9].all() and m[:9, 9:].all()  # the padding attends to nothing real, nor is attended
+    assert b.micro_batches(None, 100, pad_to=3)[0].num_tokens == 9  # a multiple already: no padding
+    with pytest.raises(ValueError, match="pad_to must be >= 1"):
+        b.micro_batches(None, 100, pad_to=0)
+
+
+def test_a_padded_update_is_the_unpadded_update(compare):
+    """GRPO over micro-batches padded to multiples of 16 (FP8's alignment): the same losses and
+    gradients; the padding is trained on by nothing and counted in no denominator."""
+    r = compare["padded"]
+    for k in ("loss/pg", "entropy", "grad_norm"):
+        assert r["padded"][k] == pytest.approx(r["plain"][k], rel=1e-5, abs=1e-7), k
+    for name, g in r["grads_plain"].items():
+        assert np.allclose(r["grads_padded"][name], g, rtol=1e-4, atol=1e-7), name
+
+
 def test_empty_observation_is_an_error_naming_the_step():
     with pytest.raises(ValueError, match="'a' step 0: empty observation"):
         LearnerBatch.from_table(records_to_table([_step("a", 0, [], [3], 0, done=True)]))
