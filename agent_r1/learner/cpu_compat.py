@@ -1,11 +1,11 @@
 """Let megatron-core run on CPU with gloo. Applied only when CUDA is absent: on a GPU machine
 ``apply()`` returns without touching anything.
 
-Each patch answers one place megatron-core 0.16 assumes CUDA (see shared notes, megatron_cpu §3):
+Each patch answers one place megatron-core (0.16 to 0.19) assumes CUDA (see shared notes, megatron_cpu §3):
 the "cuda" RNG tracker maps to the CPU RNG; ``torch.cuda.current_device()`` becomes the CPU
 device; tensor factories asked for a cuda device build on CPU; ``Tensor.cuda`` is the identity;
 ``Tensor.type()`` reports ``torch.cuda.*`` names (type checks in the optimizer); synchronize and
-empty_cache are no-ops; and ``dist.scatter`` makes its inputs contiguous, because gloo silently
+empty_cache are no-ops, the current stream one that never waits; and ``dist.scatter`` makes its inputs contiguous, because gloo silently
 sends the wrong bytes for non-contiguous tensors. Pipeline parallel also needs
 ``batch_p2p_sync=False`` in the TransformerConfig (set by the model builder on CPU).
 """
@@ -32,6 +32,22 @@ def _cpu_device(kwargs: dict) -> dict:
     return kwargs
 
 
+class _HostStream:
+    """What ``torch.cuda.current_stream()`` answers on CPU: host ops are already ordered."""
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+_HOST_STREAM = _HostStream()
+
+
 def apply() -> bool:
     """Patch for CPU if needed (idempotent). Returns True when patches are active."""
     global _APPLIED
@@ -50,6 +66,9 @@ def apply() -> bool:
     torch.cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.empty_cache = lambda *a, **k: None
+    # megatron-core >= 0.17 waits on the current stream for CUDA-graph events before a grad sync:
+    # on CPU every op runs in program order, so the stream is one that never has to wait
+    torch.cuda.current_stream = lambda *a, **k: _HOST_STREAM
     for name in _FACTORIES:
         orig = getattr(torch, name)
 

@@ -60,8 +60,11 @@ class StandInModule(types.ModuleType):
 
 
 class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, names: tuple[str, ...] = GPU_ONLY) -> None:
+        self.names = names
+
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in GPU_ONLY:
+        if name.split(".")[0] in self.names:
             return importlib.machinery.ModuleSpec(name, self, is_package=True)
         return None
 
@@ -75,5 +78,11 @@ class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
-if not any(isinstance(f, Finder) for f in sys.meta_path):
-    sys.meta_path.insert(0, Finder())
+def install(names: tuple[str, ...] = GPU_ONLY) -> None:
+    """Stand-ins for ``names`` (once per process)."""
+    if not any(isinstance(f, Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, Finder(names))
+
+
+# ``AGENT_R1_STAND_INS=triton``: only these (the megatron-core side environment's sitecustomize)
+install(tuple(n for n in __import__("os").environ.get("AGENT_R1_STAND_INS", "").split(",") if n) or GPU_ONLY)
