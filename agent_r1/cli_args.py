@@ -24,53 +24,21 @@ def _float(text: str) -> float:
     return x
 
 
-def positive_int(text: str) -> int:
-    """A count: >= 1."""
-    x = _int(text)
-    if x < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {x}")
-    return x
+def _ranged(parse, ok, want: str, doc: str):
+    def check(text: str):
+        x = parse(text)
+        if not ok(x):
+            raise argparse.ArgumentTypeError(f"must be {want}, got {x:g}")
+        return x
+
+    check.__doc__ = doc
+    return check
 
 
-def nonneg_int(text: str) -> int:
-    """An index or a number of retries: >= 0."""
-    x = _int(text)
-    if x < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {x}")
-    return x
-
-
-def port(text: str) -> int:
-    """A TCP port; 0 = any free one."""
-    x = _int(text)
-    if not 0 <= x <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port in 0..65535, got {x}")
-    return x
-
-
-def finite_float(text: str) -> float:
-    return _float(text)
-
-
-def nonneg_float(text: str) -> float:
-    """A temperature or a weight: finite and >= 0."""
-    x = _float(text)
-    if x < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {x:g}")
-    return x
-
-
-def probability(text: str) -> float:
-    """``top_p``: in (0, 1]."""
-    x = _float(text)
-    if not 0 < x <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {x:g}")
-    return x
-
-
-def unit_interval(text: str) -> float:
-    """A discount or a GAE lambda: in [0, 1]."""
-    x = _float(text)
-    if not 0 <= x <= 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {x:g}")
-    return x
+positive_int = _ranged(_int, lambda x: x >= 1, ">= 1", "A count: >= 1.")
+nonneg_int = _ranged(_int, lambda x: x >= 0, ">= 0", "An index or a number of retries: >= 0.")
+port = _ranged(_int, lambda x: 0 <= x <= 65535, "a port in 0..65535", "A TCP port; 0 = any free one.")
+finite_float = _ranged(_float, lambda x: True, "finite", "Any finite number.")
+nonneg_float = _ranged(_float, lambda x: x >= 0, ">= 0", "A temperature or a weight: finite and >= 0.")
+probability = _ranged(_float, lambda x: 0 < x <= 1, "in (0, 1]", "``top_p``: in (0, 1].")
+unit_interval = _ranged(_float, lambda x: 0 <= x <= 1, "in [0, 1]", "A discount or a GAE lambda: in [0, 1].")
