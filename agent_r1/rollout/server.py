@@ -157,7 +157,6 @@ class WeightReceiver:
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.groups: dict[str, Any] = {}
-        self.abandoned: set[str] = set()
         self.devices: dict[str, torch.device] = {}  # NCCL receives into GPU memory, gloo into host
         self.device = torch.device(device)
 
@@ -169,27 +168,24 @@ class WeightReceiver:
         world_size: int,
         group_name: str,
         backend: str,
+        abandoned: threading.Event | None = None,
     ) -> None:
-        """Join as SGLang's TP rank 0 does: rank ``rank_offset + 0``, through the same helper."""
+        """Join as SGLang's TP rank 0 does: rank ``rank_offset + 0``, through the same helper.
+        ``abandoned`` set before the join returns (its request timed out): the group is left."""
         if backend not in ("gloo", "nccl"):
             raise BadRequest(f"backend: must be gloo or nccl, got {backend!r}")
         if not group_name:
             raise BadRequest("group_name: must not be empty")
         if group_name in self.groups:
             raise BadRequest(f"group_name: a weight update group {group_name!r} exists on this server")
-        self.abandoned.discard(group_name)
         group = join_update_group(
             backend, master_address, int(master_port), int(world_size), int(rank_offset), group_name
         )
-        if group_name in self.abandoned:  # the request that asked for it has been answered failed
+        if abandoned is not None and abandoned.is_set():  # its request was answered failed meanwhile
             leave_update_group(group)
             return
         self.groups[group_name] = group
         self.devices[group_name] = self.device if backend == "nccl" else torch.device("cpu")
-
-    def abandon(self, group_name: str) -> None:
-        """A join given up on: if its thread ever finishes, the group it formed is left at once."""
-        self.abandoned.add(group_name)
 
     def destroy(self, group_name: str) -> bool:
         group = self.groups.pop(group_name, None)
@@ -577,12 +573,12 @@ class Server:
         stuck = sum(t.is_alive() for t in self.stuck_joins)
         if stuck >= MAX_STUCK_JOINS:
             return _ok(False, f"init_weights_update_group refused: {stuck} earlier joins never finished")
-        loop, done = asyncio.get_running_loop(), asyncio.Event()
+        loop, done, abandoned = asyncio.get_running_loop(), asyncio.Event(), threading.Event()
         outcome: list[BaseException | None] = []
 
         def join() -> None:
             try:
-                self.weights.init(addr, port, offset, world, name, backend)
+                self.weights.init(addr, port, offset, world, name, backend, abandoned)
                 outcome.append(None)
             except BaseException as e:  # noqa: BLE001 - reported to the request, whatever it is
                 outcome.append(e)
@@ -594,7 +590,7 @@ class Server:
             await asyncio.wait_for(done.wait(), self.join_timeout_s)
         except TimeoutError:
             self.stuck_joins.append(thread)
-            self.weights.abandon(name)  # should it finish later, the group is closed at once
+            abandoned.set()  # should it finish later, the group it formed is left at once
             return _ok(
                 False,
                 f"init_weights_update_group failed: no rendezvous at {addr}:{port} within"
