@@ -39,8 +39,7 @@ def one_line(e: BaseException) -> str:
     """The message of an expected failure as the user reads it."""
     if isinstance(e, OSError) and e.filename is not None and e.strerror:
         return f"{e.filename}: {e.strerror}"
-    text = str(e).strip() or type(e).__name__
-    return text
+    return str(e).strip() or type(e).__name__
 
 
 __all__ = ["AgentR1Error", "UsageError", "expected_failure", "one_line"]

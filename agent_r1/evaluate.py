@@ -138,6 +138,15 @@ def newest_checkpoint(run: Path, iteration: int | None, strict: bool = False) ->
     raise AgentR1Error(f"{run}: every checkpoint is damaged ({', '.join(damaged)}); see the warnings above")
 
 
+def check_budget(max_obs_tokens: int, max_action_tokens: int, max_len: int) -> None:
+    """An observation at its budget must leave room in the server's context for a full action."""
+    if max_obs_tokens + max_action_tokens > max_len:
+        raise UsageError(
+            f"--max-obs-tokens {max_obs_tokens} + --max-action-tokens {max_action_tokens} do not fit"
+            f" --max-len {max_len} (the server's context)"
+        )
+
+
 def export_checkpoint(ckpt: Path, hf_like: Path, out: Path, dtype: str | None = None) -> Path:
     """A Megatron checkpoint of any TP/PP layout -> an HF folder with the tokenizer and chat template
     of ``hf_like`` (``tools/convert_checkpoint.py`` in its own process), optionally cast to ``dtype``."""
@@ -273,11 +282,7 @@ def run_eval(a: Any) -> dict[str, Any]:
             retrieval.LocalRetriever(retrieval.open_index(cfg.retrieval.index, cfg.retrieval.mode))
         )
     s = settings(a, cfg)
-    if s.max_obs_tokens + s.max_action_tokens > s.max_len:
-        raise UsageError(
-            f"--max-obs-tokens {s.max_obs_tokens} + --max-action-tokens {s.max_action_tokens} do not fit"
-            f" --max-len {s.max_len} (the server's context)"
-        )
+    check_budget(s.max_obs_tokens, s.max_action_tokens, s.max_len)
     if a.data:
         rows = load_rows(a.data, AGENTS)[: s.num]
     elif cfg is not None and a.recipe is None and a.split is None:

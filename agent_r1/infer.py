@@ -178,7 +178,7 @@ def run_infer(a: Any) -> dict[str, Any]:
     from agent_r1.agent.episodes import run_episodes
     from agent_r1.agent.flow import FlowConfig
     from agent_r1.agent.types import SamplingParams
-    from agent_r1.evaluate import resolve_model, start_server
+    from agent_r1.evaluate import check_budget, resolve_model, start_server
     from agent_r1.rollout.client import RolloutClient
     from recipes import load_all
 
@@ -204,11 +204,8 @@ def run_infer(a: Any) -> dict[str, Any]:
         raise UsageError("--url needs --tokenizer (an HF folder with the model's tokenizer)")
     codec = ChatCodec.load(tokenizer)
     check_fits(located, codec, a.max_obs_tokens)
-    if not a.url and a.max_obs_tokens + a.max_action_tokens > a.max_len:  # the embedded servers' context
-        raise UsageError(
-            f"--max-obs-tokens {a.max_obs_tokens} + --max-action-tokens {a.max_action_tokens} do not fit"
-            f" --max-len {a.max_len} (the server's context)"
-        )
+    if not a.url:  # the embedded servers' context
+        check_budget(a.max_obs_tokens, a.max_action_tokens, a.max_len)
     done = done_indices(out, a.n)
     todo = [i for i in range(len(rows)) if i not in done]
     if done:

@@ -66,7 +66,11 @@ class RecordStore:
         path = iteration_dir(self.dir, iteration) / "manifest.json"
         if not path.exists():
             have = self.iterations()
-            span = ", ".join(map(str, have)) if len(have) <= 4 else f"{len(have)}, {have[0]} to {have[-1]}"
+            span = (
+                ", ".join(map(str, have))
+                if len(have) <= 4
+                else f"{len(have)} of them, {have[0]} to {have[-1]}"
+            )
             raise ShardError(
                 f"{self.dir}: no finalized iteration {iteration} (have {span})"
                 if not path.parent.exists()

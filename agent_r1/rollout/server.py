@@ -570,9 +570,12 @@ class Server:
             backend = need(body, "backend", "str", "gloo")
         except BadRequest as e:
             return _ok(False, str(e))
-        stuck = sum(t.is_alive() for t in self.stuck_joins)
-        if stuck >= MAX_STUCK_JOINS:
-            return _ok(False, f"init_weights_update_group refused: {stuck} earlier joins never finished")
+        self.stuck_joins = [t for t in self.stuck_joins if t.is_alive()]  # one that finished late is gone
+        if len(self.stuck_joins) >= MAX_STUCK_JOINS:
+            return _ok(
+                False,
+                f"init_weights_update_group refused: {len(self.stuck_joins)} earlier joins never finished",
+            )
         loop, done, abandoned = asyncio.get_running_loop(), asyncio.Event(), threading.Event()
         outcome: list[BaseException | None] = []
 
