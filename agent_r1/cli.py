@@ -283,12 +283,13 @@ def _train(a: argparse.Namespace) -> int:
 
 def _launch(a: argparse.Namespace) -> int:
     from agent_r1.train.config import ConfigError
+    from agent_r1.train.plan import PlanError
     from agent_r1.train.run_dir import RunDirBusy
     from agent_r1.train.slurm import SlurmError, launch
 
     try:
-        out = launch(a.overrides, dry_run=a.dry_run)
-    except (ConfigError, SlurmError, RunDirBusy) as e:
+        out = launch(a.overrides, dry_run=a.dry_run, plan=not a.no_plan)
+    except (ConfigError, SlurmError, RunDirBusy, PlanError) as e:
         print(f"agent-r1 launch: {e}", file=sys.stderr)
         return 2
     if a.dry_run:
@@ -300,6 +301,15 @@ def _launch(a: argparse.Namespace) -> int:
         f"watch:       squeue -j {out['job_id']}; tail -f {out['logs'][0]}"
     )
     return 0
+
+
+def _plan(a: argparse.Namespace) -> int:
+    """Exit 0 when the run fits, 1 when it does not (or a stage failed to plan)."""
+    from agent_r1.train.plan import plan, to_json
+
+    p = plan(a.overrides)
+    print(to_json(p) if a.json else p.table())
+    return 0 if p.fits else 1
 
 
 def _sweep(a: argparse.Namespace) -> int:
@@ -673,7 +683,20 @@ def build_parser() -> argparse.ArgumentParser:
         "overrides", nargs="*", help="Hydra overrides, e.g. +experiment=qwen3_4b_gsm8k_tool_steppo_4n8g"
     )
     la.add_argument("--dry-run", action="store_true", help="print the sbatch script, submit nothing")
+    la.add_argument(
+        "--no-plan", action="store_true", help="submit without the memory plan (`agent-r1 plan`) of a GPU run"
+    )
     la.set_defaults(fn=_launch)
+
+    pl = sub.add_parser(
+        "plan",
+        help="a run's learner and rollout memory per GPU, from a dry run of the real code on no GPU",
+    )
+    pl.add_argument(
+        "overrides", nargs="*", help="Hydra overrides, e.g. +experiment=qwen3_4b_gsm8k_tool_steppo_4n8g"
+    )
+    pl.add_argument("--json", action="store_true", help="the plan as JSON instead of the table")
+    pl.set_defaults(fn=_plan)
 
     sw = sub.add_parser("sweep", help="a grid or list of overrides as one Slurm job array")
     sw.add_argument("config", help="sweep YAML: name, base, grid | list, max_parallel")

@@ -39,6 +39,15 @@ class BridgeConfig:
             raise ValueError(f"model.fp8_recipe must be delayed or tensorwise, got {self.fp8_recipe!r}")
 
 
+def _dry_run() -> bool:
+    """A planned GPU rank (agent_r1.learner.dry_run): built as on a GPU, on tensors without memory."""
+    try:
+        from agent_r1.learner import dry_run
+    except ImportError:
+        return False
+    return dry_run.active() is not None
+
+
 def padded_vocab(vocab: int, multiple: int, tp: int) -> int:
     m = multiple * tp
     return ((vocab + m - 1) // m) * m
@@ -70,7 +79,7 @@ def megatron_config(hf: Any, bc: BridgeConfig):
         )
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     dtype = getattr(torch, bc.dtype)
-    on_gpu = torch.cuda.is_available()
+    on_gpu = torch.cuda.is_available() or _dry_run()
     fp8 = {}
     if bc.precision == "fp8":
         fp8 = {"fp8": "hybrid", "fp8_recipe": bc.fp8_recipe}

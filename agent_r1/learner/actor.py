@@ -45,6 +45,21 @@ class PolicyTargets:
     teacher_logprobs: torch.Tensor | None = None  # OPD
 
 
+def read_hf_state(hf_dir: Path, hf_config: Any) -> dict[str, torch.Tensor]:
+    """The HF folder's weights; in a dry run, tensors of their names and shapes on the planned
+    device (the HF model built there from its config: no file read, no memory)."""
+    from safetensors.torch import load_file
+
+    from agent_r1.learner import dry_run
+
+    if dry_run.active() is not None:
+        return dry_run.hf_state(hf_config)
+    state = {}
+    for f in sorted(hf_dir.glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    return state
+
+
 class Actor:
     """The policy (and, through ``Critic``, the value model): this rank's Megatron stage, its
     optimizer and scheduler, on ``self.device`` (this rank's GPU, else the CPU)."""
@@ -66,7 +81,6 @@ class Actor:
         )
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-        from safetensors.torch import load_file
         from transformers import AutoConfig
 
         from megatron_bridge import build_gpt_model, language_config, load_hf_weights
@@ -79,9 +93,7 @@ class Actor:
         self.hf_config = AutoConfig.from_pretrained(self.hf_dir)
         self.train_vision = bool(train_vision and trainable)
         model_parallel_cuda_manual_seed(seed)
-        state = {}
-        for f in sorted(self.hf_dir.glob("*.safetensors")):
-            state.update(load_file(str(f)))
+        state = read_hf_state(self.hf_dir, self.hf_config)
         self._adapt_hf(state)
         module = build_gpt_model(self.hf_config, bridge)
         load_hf_weights(module, state, self.hf_config)
@@ -182,8 +194,11 @@ class Actor:
         from megatron.core import parallel_state as ps
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        from agent_r1.learner import dry_run
+
         data = iter(micro)
         last = ps.is_pipeline_last_stage()
+        dry_run.expect_microbatches([mb.num_tokens for mb in micro])
 
         def step(data_iterator, model):
             mb = next(data_iterator)

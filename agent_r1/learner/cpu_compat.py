@@ -17,6 +17,7 @@ import logging
 import torch
 
 _APPLIED = False
+_TARGET = torch.device("cpu")  # where "cuda" goes: the CPU, or the dry run's meta device
 _FACTORIES = (
     "zeros", "ones", "empty", "full", "tensor", "as_tensor", "arange", "rand", "randn", "randint",
     "zeros_like", "ones_like", "empty_like", "full_like", "empty_strided",
@@ -25,8 +26,8 @@ _FACTORIES = (
 
 def _cpu_device(kwargs: dict) -> dict:
     d = kwargs.get("device")
-    if d is not None and str(d).startswith("cuda"):
-        kwargs["device"] = "cpu"
+    if d is not None and (str(d).startswith("cuda") or (isinstance(d, int) and _TARGET.type != "cpu")):
+        kwargs["device"] = _TARGET
     if kwargs.get("pin_memory"):
         kwargs["pin_memory"] = False
     return kwargs
@@ -48,16 +49,21 @@ class _HostStream:
 _HOST_STREAM = _HostStream()
 
 
-def apply() -> bool:
-    """Patch for CPU if needed (idempotent). Returns True when patches are active."""
-    global _APPLIED
+def apply(target: torch.device | str = "cpu") -> bool:
+    """Patch for CPU if needed (idempotent). Returns True when patches are active. ``target`` is
+    where "cuda" tensors go: the CPU, or ``meta`` for a dry run (``learner.dry_run``; one per
+    process, set before anything else applies the patches)."""
+    global _APPLIED, _TARGET
     if torch.cuda.is_available():
         return False
     if _APPLIED:
+        if torch.device(target) != _TARGET:
+            raise RuntimeError(f"cpu_compat already maps cuda to {_TARGET}, asked for {target}")
         return True
+    _TARGET = torch.device(target)
     import megatron.core.tensor_parallel.random as mrandom
 
-    torch.cuda.current_device = lambda: torch.device("cpu")
+    torch.cuda.current_device = lambda: _TARGET
     mrandom._get_cuda_rng_state = lambda device="cuda", clone=False, graph_safe=False: torch.get_rng_state()
     mrandom._set_cuda_rng_state = lambda state, device=-1, graph_safe=False: torch.set_rng_state(state)
     torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
@@ -76,13 +82,15 @@ def apply() -> bool:
             return __orig(*args, **_cpu_device(kwargs))
 
         setattr(torch, name, wrapped)
-    torch.Tensor.cuda = lambda self, *a, **k: self
+    torch.Tensor.cuda = lambda self, *a, **k: self if _TARGET.type == "cpu" else self.to(_TARGET)
     orig_type = torch.Tensor.type
 
     def type_(self, dtype=None, non_blocking=False, **kw):
         if dtype is None:
             s = orig_type(self)
-            return s if s.startswith("torch.cuda.") else s.replace("torch.", "torch.cuda.", 1)
+            if s.startswith("torch.cuda."):
+                return s
+            return s.replace("torch.meta.", "torch.", 1).replace("torch.", "torch.cuda.", 1)
         return orig_type(self, dtype, non_blocking, **kw)
 
     torch.Tensor.type = type_

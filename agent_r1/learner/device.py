@@ -22,23 +22,48 @@ def bind_local_gpu(local_rank: int) -> torch.device:
 
 
 def learner_device() -> torch.device:
-    """The current CUDA device when CUDA is available, else the CPU."""
+    """The current CUDA device when CUDA is available, the planned device in a dry run
+    (``learner.dry_run``), else the CPU."""
+    from agent_r1.learner import dry_run
+
+    if dry_run.active() is not None:
+        return dry_run.DEVICE
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
 def collective_device(group: Any = None) -> torch.device:
-    """The device a collective on ``group`` needs its tensors on: CUDA for NCCL, CPU otherwise."""
-    return learner_device() if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    """The device a collective on ``group`` needs its tensors on: CUDA for NCCL, CPU otherwise
+    (in a dry run: as the planned run's backend would need)."""
+    from agent_r1.learner import dry_run
+
+    run = dry_run.active()
+    backend = run.backend if run is not None else dist.get_backend(group)
+    return learner_device() if backend == "nccl" else torch.device("cpu")
+
+
+def reducer(group: Any = None) -> Any:
+    """The algorithms' cross-rank reductions over ``group``, on the device its backend needs (a dry
+    run's: collectives checked, every rank taken to hold this rank's values)."""
+    from agent_r1.algos.reduce import TorchReducer
+    from agent_r1.learner import dry_run
+
+    if dry_run.active() is not None:
+        return dry_run.Reducer(group, collective_device(group))
+    return TorchReducer(group, collective_device(group))
 
 
 def all_reduce_scalar(value: float, op: str = "sum", group: Any = None, dtype=torch.float64) -> float:
     """``value`` reduced over ``group`` (sum, min or max) through a tensor on the right device."""
+    from agent_r1.learner import dry_run
+
     t = torch.tensor([value], dtype=dtype, device=collective_device(group))
     dist.all_reduce(
         t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op], group=group
     )
+    if dry_run.active() is not None:  # a fake group: every rank is taken to hold this rank's value
+        return value
     return t.item()
 
 

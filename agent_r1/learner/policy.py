@@ -137,7 +137,13 @@ class PackedAttention(torch.nn.Module):
         attention_bias: Any = None,
         packed_seq_params: Any = None,
     ) -> torch.Tensor:
+        from agent_r1.learner import dry_run
+
         plan: AttentionPlan | None = self.box["plan"]
+        if plan is not None and dry_run.fused():  # a GPU's fused attention, planned
+            sq, b, heads, hn = query.shape
+            out = dry_run.fused_attention(query.squeeze(1), key.squeeze(1), value.squeeze(1))
+            return out.view(sq, b, heads * hn)
         if plan is None:
             return self.inner(
                 query, key, value, attention_mask, attn_mask_type, attention_bias, packed_seq_params
@@ -363,6 +369,8 @@ def _image_input(model: Any, packed: Packed, vision: Any) -> torch.Tensor | None
 
 
 def _forward(model: Any, packed: Packed, vision: Any = None) -> torch.Tensor:
+    from agent_r1.learner import dry_run
+
     multimodal = packed.positions.dim() == 2
     if _uses_te(model) and multimodal:
         raise NotImplementedError(
@@ -387,7 +395,11 @@ def _forward(model: Any, packed: Packed, vision: Any = None) -> torch.Tensor:
     positions = packed.positions[0] if multimodal else packed.positions  # (rope angles: PackedRotary)
     if attention is not None:
         if "attention" not in packed.cache:  # the same for every pass over this micro-batch
-            packed.cache["attention"] = AttentionPlan.of(packed.bounds, packed.tokens.device)
+            packed.cache["attention"] = (
+                AttentionPlan([], None)  # a dry run plans fused attention: no buckets, no masks
+                if dry_run.fused()
+                else AttentionPlan.of(packed.bounds, packed.tokens.device)
+            )
         attention["plan"] = packed.cache["attention"]
     try:
         mask = None if attention is not None else packed.attention_mask()

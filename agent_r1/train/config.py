@@ -306,6 +306,7 @@ class ClusterConfig:
     signal_seconds: int = 300  # warning signal before the time limit (checkpoint and exit)
     extra_sbatch: list[str] = field(default_factory=list)
     python: str | None = None  # interpreter on the nodes (default: the one running `agent-r1 launch`)
+    gpu_mem_gb: float = 80.0  # memory per GPU (H100 80, H200 141): what `agent-r1 plan` fits against
 
     def __post_init__(self) -> None:
         _check(
@@ -321,6 +322,7 @@ class ClusterConfig:
             "cluster.gpus_per_node/cpus_per_task",
             "must be >= 0 / >= 1",
         )
+        _check(self.gpu_mem_gb > 0, "cluster.gpu_mem_gb", f"must be > 0, got {self.gpu_mem_gb}")
         _check(
             not (self.container_image and self.apptainer_image),
             "cluster.container_image",

@@ -22,12 +22,11 @@ import torch.distributed as dist
 
 from agent_r1.algos.advantages import ADVANTAGES, compute_advantages
 from agent_r1.algos.losses import loss_config
-from agent_r1.algos.reduce import TorchReducer
 from agent_r1.algos.rewards import RunningReturnStd
 from agent_r1.learner.actor import Actor, PolicyTargets
 from agent_r1.learner.batch import LearnerBatch, drop_nonfinite
 from agent_r1.learner.critic import Critic
-from agent_r1.learner.device import all_reduce_scalar, collective_device, keep_freed_host_memory
+from agent_r1.learner.device import all_reduce_scalar, collective_device, keep_freed_host_memory, reducer
 from agent_r1.learner.optim import pad_multiple
 from agent_r1.logging import Progress
 from agent_r1.records.reader import RecordStore
@@ -165,14 +164,14 @@ class Learner:
         inputs = b.inputs
         metrics: dict[str, float] = {}
         if self.reward_scaler is not None:  # r / running std of discounted step returns (over DP)
-            inputs.reward = self.reward_scaler.scale(inputs.reward, inputs.traj, TorchReducer(self.dp_group))
+            inputs.reward = self.reward_scaler.scale(inputs.reward, inputs.traj, reducer(self.dp_group))
             s = self.reward_scaler
             metrics["reward/scaling_std"] = (s.m2 / s.count) ** 0.5 if s.count else 0.0
         if values is not None:
             inputs.value = values.to("cpu", torch.float64)
             if inputs.tokens is not None:  # token-level estimators: a step's value for each of its tokens
                 inputs.tokens.values = b.per_token(values).to("cpu", torch.float64)
-        adv = compute_advantages(a.advantage, inputs, a.estimator, TorchReducer(self.dp_group))
+        adv = compute_advantages(a.advantage, inputs, a.estimator, reducer(self.dp_group))
         metrics.update({f"adv/{k}": v for k, v in adv.metrics.items()})
         if adv.token_adv is not None:
             per_token = adv.token_adv.to(self.device, torch.float32)

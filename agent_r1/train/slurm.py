@@ -231,8 +231,9 @@ def sbatch(script: Path) -> str:
     return out.stdout.strip().split(";")[0]
 
 
-def launch(overrides: list[str], dry_run: bool = False) -> dict[str, Any]:
-    """``agent-r1 launch``: validate, prepare the run directory, render, submit."""
+def launch(overrides: list[str], dry_run: bool = False, plan: bool = True) -> dict[str, Any]:
+    """``agent-r1 launch``: validate, prepare the run directory, render, plan (a GPU cluster's
+    learner and rollout memory, ``agent-r1 plan``; refused when it does not fit), submit."""
     from agent_r1.train.launcher import default_run_dir, prepare_run
 
     cfg = load_config(overrides)
@@ -244,7 +245,19 @@ def launch(overrides: list[str], dry_run: bool = False) -> dict[str, Any]:
     script = render_job(cfg, rd)
     if dry_run:
         return {"script": script, "run_dir": str(rd.root)}
+    planned = None
+    if plan and cfg.cluster.gpus_per_node > 0:
+        from agent_r1.train.plan import PlanError
+        from agent_r1.train.plan import plan as dry_run_plan
+
+        planned = dry_run_plan(list(overrides))
+        if not planned.fits:
+            raise PlanError(
+                f"the plan says this run does not fit (skip it with --no-plan):\n{planned.table()}"
+            )
     rd.create()
+    if planned is not None:
+        (rd.root / "plan.txt").write_text(planned.table() + "\n")
     RunLock(rd).acquire("agent-r1 launch").release()  # refuses while a job of this run is training
     prepare_run(cfg, local=False)  # the compute nodes, not this login node, have the GPUs
     rd.new_api_key()  # the job's servers require it; its workers and learners read it

@@ -1,0 +1,105 @@
+"""The learner's dry run (``agent-r1 plan``'s engine): its accounting against the same update on
+real CPU tensors, and what it must refuse (a host tensor in the loss path, a whole-world gather in
+the weight push). Each measurement runs in its own process: a dry run patches torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).with_name("dry_run_worker.py")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Big enough that tensors, not bookkeeping, make up the memory (hidden 256, vocab 800)."""
+    from agent_r1.models.tiny import build_tiny_model
+    from recipes import load_recipe
+
+    out = tmp_path_factory.mktemp("dryrun") / "qwen3"
+    texts = load_recipe("arithmetic_tool").corpus(num=200)
+    return build_tiny_model(
+        out, texts, arch="qwen3", vocab_size=800, hidden=256, layers=2, heads=4, kv_heads=2
+    )
+
+
+def overrides(model: Path) -> list[str]:
+    return [
+        f"model.path={model}",
+        "rollout.group_size=4",
+        "rollout.prompts_per_iteration=4",
+        "rollout.max_steps=2",
+        "rollout.max_obs_tokens=96",
+        "rollout.max_action_tokens=32",
+        "optim.micro_tokens=512",
+        "algorithm=ppo",  # a critic too: three models' worth of state
+    ]
+
+
+def measure(mode: str, model: Path, tmp_path: Path, *extra: str) -> dict:
+    out = tmp_path / f"{mode}.json"
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), mode, str(out), *overrides(model), *extra],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_accounting_matches_real_tensors(model_dir: Path, tmp_path: Path) -> None:
+    """The same update on real CPU tensors (each storage the allocator handed out, counted while
+    alive) and as a dry run with the CPU's kernels: every term within 10 %."""
+    real = measure("real", model_dir, tmp_path)
+    dry = measure("dry", model_dir, tmp_path)
+    assert real.get("error") is None, real
+    assert dry.get("error") is None, dry
+    for key in ("weights", "grads", "optimizer", "activations"):
+        assert real[key] > 0, (key, real)
+        assert abs(dry[key] - real[key]) <= 0.10 * real[key], (key, dry[key], real[key])
+    assert dry["weights"] == dry["grads"]  # fp32 params, fp32 gradient buffers
+    assert dry["microbatches"] > 0 and dry["max_microbatch_tokens"] <= 512
+
+
+def test_a_host_tensor_in_the_loss_path_is_caught(model_dir: Path, tmp_path: Path) -> None:
+    got = measure("plant_cpu_tensor", model_dir, tmp_path, "parallel.backend=nccl", "cluster=slurm_gpu")
+    assert got.get("error"), got
+    assert "cpu" in got["error"] and "meta" in got["error"], got
+    assert "dry_run_worker.py" in got["where"] or "losses.py" in got["where"] or "actor.py" in got["where"], (
+        got
+    )
+
+
+def test_a_whole_world_gather_in_the_push_is_caught(model_dir: Path, tmp_path: Path) -> None:
+    got = measure(
+        "plant_world_gather",
+        model_dir,
+        tmp_path,
+        "parallel.backend=nccl",
+        "cluster=slurm_gpu",
+        "parallel.learner_ranks=4",
+        "parallel.pp=2",
+    )
+    assert got.get("error"), got
+    assert "whole world" in got["error"] and "gather_object" in got["error"], got
+    assert "dry_run_worker.py" in got["error"], got  # names the code that gathered
+
+
+def test_the_point_to_point_push_passes(model_dir: Path, tmp_path: Path) -> None:
+    """The learner's own push at PP 2 over NCCL: no error, rank 0 receives the other stage."""
+    got = measure(
+        "dry",
+        model_dir,
+        tmp_path,
+        "parallel.backend=nccl",
+        "cluster=slurm_gpu",
+        "parallel.learner_ranks=4",
+        "parallel.pp=2",
+    )
+    assert got.get("error") is None, got
+    assert got["push_bytes"] > 0 and got["collectives"] > 0
