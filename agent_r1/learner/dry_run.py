@@ -65,11 +65,13 @@ def _caller(skip: tuple[str, ...] = ("torch/", "dry_run.py", "contextlib.py")) -
 
 
 def where(exc: BaseException) -> str:
-    """The innermost frame of an exception's traceback outside torch and this module."""
+    """The innermost frame of an exception's traceback in the project's own code (outside
+    site-packages), else the innermost outside torch and this module."""
     frames = [fr for fr in traceback.extract_tb(exc.__traceback__) if "dry_run.py" not in fr.filename]
-    for fr in reversed(frames):
-        if "/torch/" not in fr.filename and "contextlib" not in fr.filename:
-            return f"{fr.filename}:{fr.lineno} in {fr.name}"
+    for keep in (lambda f: "site-packages" not in f, lambda f: "/torch/" not in f):
+        for fr in reversed(frames):
+            if keep(fr.filename) and "contextlib" not in fr.filename:
+                return f"{fr.filename}:{fr.lineno} in {fr.name}"
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
 
 
@@ -477,7 +479,7 @@ def hf_state(hf_config: Any) -> dict[str, torch.Tensor]:
     from torch.utils._python_dispatch import _disable_current_modes
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from agent_r1.vision.qwen2_vl import is_vision_config
+    from agent_r1.vision.qwen2_vl import checkpoint_name, is_vision_config
 
     key = hf_config.to_json_string()
     if key not in _HF_STATES:
@@ -488,5 +490,8 @@ def hf_state(hf_config: Any) -> dict[str, torch.Tensor]:
             from transformers.modeling_utils import no_init_weights
         with torch.device(DEVICE), _disable_current_modes(), no_init_weights():
             model = auto.from_config(hf_config, dtype=getattr(hf_config, "torch_dtype", None))
-        _HF_STATES[key] = dict(model.state_dict())
+        state = model.state_dict()
+        if is_vision_config(hf_config):  # the checkpoint's names, as a rank reads them from files
+            state = {checkpoint_name(n): t for n, t in state.items()}
+        _HF_STATES[key] = dict(state)
     return dict(_HF_STATES[key])

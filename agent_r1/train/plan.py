@@ -97,23 +97,32 @@ def _records(cfg: TrainConfig, vocab: int, dp: int):
     )
 
 
-def _stage_export(hf_config: Any, pp: int):
-    """What each stage's first rank sends rank 0 in the push: its HF names, dtypes and shapes."""
+def _stage_export(hf_config: Any, pp: int) -> dict[int, list]:
+    """What each stage's first rank sends rank 0 in the push: its HF tensors' names, dtypes and
+    shapes (decoder layers by index, the final norm and an untied output layer on the last stage;
+    the vision tower and the embedding stay on the first, which is rank 0's own)."""
+    import re
+
     from agent_r1.learner import dry_run
     from megatron_bridge.weights import stage_layers
 
-    state = dry_run.hf_state(hf_config)
-    layers_of = {p: stage_layers(hf_config.num_hidden_layers, pp, p) for p in range(pp)}
-
-    def stage_of(name: str) -> int:
-        if name.startswith("model.layers."):
-            i = int(name.split(".")[2])
-            return next(p for p, rng in layers_of.items() if i in rng)
-        return 0 if "embed_tokens" in name else pp - 1
-
+    text = hf_config.get_text_config()
+    layers_of = [stage_layers(text.num_hidden_layers, pp, p) for p in range(pp)]
     out: dict[int, list] = {p: [] for p in range(pp)}
-    for n, t in state.items():
-        out[stage_of(n)].append((n, t.dtype, tuple(t.shape)))
+    seen = set()
+    for n, t in dry_run.hf_state(hf_config).items():
+        key = t.untyped_storage()._cdata
+        if key in seen:  # a tied output layer is the embedding: sent once, by the first stage
+            continue
+        seen.add(key)
+        layer = re.search(r"\.layers\.(\d+)\.", n)
+        if "visual" in n or "embed_tokens" in n:
+            stage = 0
+        elif layer and "visual" not in n:
+            stage = next(p for p, rng in enumerate(layers_of) if int(layer.group(1)) in rng)
+        else:
+            stage = pp - 1
+        out[stage].append((n, t.dtype, tuple(t.shape)))
     return out
 
 

@@ -129,3 +129,12 @@ def hf_module_name(name: str) -> str:
     if name.startswith("model.") and not name.startswith(("model.language_model.", "model.visual.")):
         return "model.language_model." + name[len("model.") :]
     return name
+
+
+def checkpoint_name(name: str) -> str:
+    """The inverse of ``hf_module_name``: a transformers >= 5 module name as the checkpoint names it."""
+    if name.startswith("model.visual."):
+        return name[len("model.") :]
+    if name.startswith("model.language_model."):
+        return "model." + name[len("model.language_model.") :]
+    return name

@@ -1,0 +1,104 @@
+"""``agent-r1 plan`` on every GPU preset (each stage dry-run in its own process on fake GPUs), the
+accounting against an independent count of the model's parameters, and ``agent-r1 launch``
+refusing a run the plan says does not fit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PRESETS = sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*_4n8g.yaml"))
+GiB = 1 << 30
+
+
+def agent_r1(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "agent_r1.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+@pytest.fixture(scope="module")
+def plans() -> dict[str, dict]:
+    out = {}
+    for preset in PRESETS:
+        proc = agent_r1("plan", f"+experiment={preset}", "--json")
+        assert proc.stdout.strip().startswith("{"), proc.stdout[-2000:] + proc.stderr[-3000:]
+        out[preset] = json.loads(proc.stdout) | {"returncode": proc.returncode}
+    return out
+
+
+def test_there_are_gpu_presets() -> None:
+    assert len(PRESETS) >= 5, PRESETS
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_gpu_preset_fits_an_80gb_gpu(plans: dict[str, dict], preset: str) -> None:
+    p = plans[preset]
+    assert p["returncode"] == 0 and p["fits"], json.dumps(p, indent=1)[:3000]
+    assert p["gpu_mem"] == 80 * GiB
+    assert len(p["stages"]) == p["pp"] == 2
+    for s in p["stages"]:
+        assert s["error"] is None, s
+        assert s["total"] <= p["gpu_mem"], s
+        for key in ("weights", "grads", "optimizer", "activations", "push"):
+            assert s[key] > 0, (key, s)
+        assert s["microbatches"] > 0 and s["collectives"] > 0
+        # every packed stream at FP8's alignment when the preset trains in FP8
+        if s["fp8_weights"]:
+            assert s["max_microbatch_tokens"] % 16 == 0, s
+    r = p["rollout"]
+    assert r["push_bytes"] == max(s["push_bytes"] for s in p["stages"]) > 0
+    assert r["episodes_per_server"] >= 1 and r["kv_tokens"] >= r["episode_tokens"]
+
+
+def _qwen3_4b_stage1_params() -> tuple[int, int]:
+    """(actor, critic) parameters per TP rank on the last of two pipeline stages, counted from
+    Qwen3-4B's public config: 18 decoder layers, the final norm, and the output layer (the actor:
+    the padded vocabulary, split over TP 2) or the value head (the critic)."""
+    cfg = json.loads((ROOT / "configs/model/hf/Qwen3-4B/config.json").read_text())
+    H, F, D = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    nq, nkv, L, V = (
+        cfg["num_attention_heads"],
+        cfg["num_key_value_heads"],
+        cfg["num_hidden_layers"],
+        cfg["vocab_size"],
+    )
+    tp, layers = 2, L // 2
+    vocab = -(-V // (128 * tp)) * 128 * tp
+    split = layers * (H * nq * D + 2 * H * nkv * D + nq * D * H + 3 * H * F) // tp
+    replicated = layers * (2 * H + 2 * D) + H  # two norms + q/k norms per layer, the final norm
+    return split + replicated + vocab * H // tp, split + replicated + H + 1
+
+
+def test_the_plan_counts_the_models_parameters(plans: dict[str, dict]) -> None:
+    """StepPO trains an actor and a critic (no reference): the last stage's weights are both
+    models' bf16 parameters, their gradient buffers fp32 (Megatron reduces gradients in fp32)."""
+    last = plans["qwen3_4b_gsm8k_tool_steppo_4n8g"]["stages"][1]
+    actor, critic = _qwen3_4b_stage1_params()
+    assert abs(last["weights"] - 2 * (actor + critic)) <= 0.01 * last["weights"], (last, actor, critic)
+    assert abs(last["grads"] - 4 * (actor + critic)) <= 0.01 * last["grads"], (last, actor, critic)
+    # distributed optimizer: fp32 main weights + two Adam moments, sharded over DP 8
+    assert abs(last["optimizer"] - 12 * (actor + critic) / 8) <= 0.15 * last["optimizer"], last
+
+
+def test_launch_refuses_a_run_that_does_not_fit(tmp_path: Path) -> None:
+    proc = agent_r1(
+        "launch",
+        "+experiment=qwen3_4b_paper_search_pspo_4n8g",
+        "cluster.gpu_mem_gb=40",
+        f"trainer.run_dir={tmp_path / 'run'}",
+    )
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    err = proc.stderr
+    assert "does not fit" in err and "--no-plan" in err, err[-3000:]
+    assert "stage 0 needs" in err and "lower optim.micro_tokens" in err, err[-3000:]
+    assert not (tmp_path / "run" / "job.sbatch").exists()  # nothing submitted, nothing written
