@@ -4,8 +4,9 @@
 packed sequence) on any layer spec; ``PackedAttention`` runs the local spec's core attention as
 causal SDPA within each packed sequence (O(sum of len^2), no N x N mask); ``vocab_parallel_logprob_entropy`` reduces across the tensor-
 parallel group (max, sum-exp, target logit, expected logit) with its own backward, so the full
-vocabulary is never gathered; ``packed_logprobs`` runs it in chunks of label tokens so a long
-stream never materialises an fp32 (tokens x vocab) tensor.
+vocabulary is never gathered, and recomputes its fp32 exponentials in the backward (the chunk
+and per-row numbers are all it keeps); ``packed_logprobs`` runs it in chunks of label tokens so a
+long stream never materialises an fp32 (tokens x vocab) tensor.
 """
 
 from __future__ import annotations
@@ -200,18 +201,38 @@ def install_packed_attention(model: Any) -> dict[str, Any] | None:
     return box
 
 
+def _shifted(
+    logits: torch.Tensor, temperature: float, vocab_start: int, vocab_size: int | None
+) -> torch.Tensor:
+    """fp32 logits / T, with the TP padding columns (at or beyond ``vocab_size``) at -1e30."""
+    z = logits.float()
+    if temperature != 1.0:  # on the fp32 copy of this chunk: no extra (rows x vocab) tensor
+        z = z / temperature
+    if vocab_size is not None and vocab_start + z.shape[-1] > vocab_size:
+        pad = torch.arange(z.shape[-1], device=z.device) + vocab_start >= vocab_size
+        z = z.masked_fill(pad, -1e30)  # finite: exp() gives 0 and 0 * logit stays 0
+    return z
+
+
 class _VocabParallelLogprob(torch.autograd.Function):
+    """Logprob and entropy of a (rows, V/tp) logits chunk. The backward recomputes the fp32
+    exponentials from the chunk as given (its dtype: bf16 in a bf16 model) and the row maxima:
+    what stays alive between forward and backward is the chunk itself and a few numbers per row,
+    not two fp32 (rows x V/tp) tensors (8 bytes per logit: the largest term of a long
+    micro-batch's memory on a GPU, found by ``agent-r1 plan``)."""
+
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, vocab_start: int, group: Any):
-        """logits (A, V/tp) float32, targets (A,) global ids -> logprob (A,), entropy (A,)."""
+    def forward(ctx, logits, targets, vocab_start, group, temperature, vocab_size):
+        """logits (A, V/tp), targets (A,) global ids -> logprob (A,), entropy (A,) in fp32."""
         ctx.set_materialize_grads(False)  # an unused output (the entropy, usually) gets no gradient
-        m = logits.max(-1).values
+        z = _shifted(logits, temperature, vocab_start, vocab_size)  # may be ``logits`` itself
+        m = z.max(-1).values
         if group is not None:
             dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
-        z = logits - m.unsqueeze(-1)
+        z = z - m.unsqueeze(-1)
         ex = z.exp()
-        local = (targets - vocab_start).clamp(0, logits.shape[-1] - 1)
-        inside = (targets >= vocab_start) & (targets < vocab_start + logits.shape[-1])
+        local = (targets - vocab_start).clamp(0, z.shape[-1] - 1)
+        inside = (targets >= vocab_start) & (targets < vocab_start + z.shape[-1])
         tz = torch.where(inside, z.gather(-1, local.unsqueeze(-1)).squeeze(-1), torch.zeros_like(m))
         ez = torch.bmm(ex.unsqueeze(1), z.unsqueeze(2)).view(-1)  # sum_j ex_j z_j without an (A, V) product
         stats = torch.stack([ex.sum(-1), ez, tz], -1)
@@ -221,15 +242,18 @@ class _VocabParallelLogprob(torch.autograd.Function):
         lse = sumexp.log()
         logprob = tz - lse
         entropy = lse - ez / sumexp
-        ctx.save_for_backward(ex, z, local, inside, sumexp, lse, entropy)
+        ctx.save_for_backward(logits, m, local, inside, sumexp, lse, entropy)
+        ctx.shift = (temperature, vocab_start, vocab_size)
         return logprob, entropy
 
     @staticmethod
     def backward(ctx, g_lp: torch.Tensor | None, g_ent: torch.Tensor | None):
-        ex, z, local, inside, sumexp, lse, entropy = ctx.saved_tensors
+        logits, m, local, inside, sumexp, lse, entropy = ctx.saved_tensors
+        temperature, vocab_start, vocab_size = ctx.shift
+        z = _shifted(logits, temperature, vocab_start, vocab_size) - m.unsqueeze(-1)
+        ex = z.exp()
         # p_j = ex_j / sumexp;  d logprob / d z_j = 1[j = target] - p_j;  d H / d z_j = -p_j (log p_j + H)
-        # The gradient is written into ``ex`` (rows x vocab, the largest tensor of the step): this
-        # graph is backpropagated once, and a second backward would fail the saved-tensor check.
+        # (the gradient is written into ``ex``, the chunk's fp32 recomputation)
         coef = torch.zeros_like(sumexp) if g_lp is None else -g_lp
         if g_ent is None:
             grad = ex.mul_((coef / sumexp).unsqueeze(-1))
@@ -239,7 +263,9 @@ class _VocabParallelLogprob(torch.autograd.Function):
             grad = ex.mul_(w).div_(sumexp.unsqueeze(-1))
         if g_lp is not None:
             grad.scatter_add_(-1, local.unsqueeze(-1), (g_lp * inside).unsqueeze(-1))
-        return grad, None, None, None
+        if temperature != 1.0:  # z = logits / T
+            grad.div_(temperature)
+        return grad.to(logits.dtype), None, None, None, None, None
 
 
 def vocab_parallel_logprob_entropy(
@@ -254,13 +280,7 @@ def vocab_parallel_logprob_entropy(
     ``logits`` holds this rank's vocabulary slice ``[vocab_start, vocab_start + V/tp)``; exact across
     TP ranks. Columns at or beyond ``vocab_size`` (the TP padding of the embedding) are excluded from
     the softmax."""
-    logits = logits.float()
-    if temperature != 1.0:  # on the fp32 copy of this chunk: no extra (rows x vocab) tensor
-        logits = logits / temperature
-    if vocab_size is not None and vocab_start + logits.shape[-1] > vocab_size:
-        pad = torch.arange(logits.shape[-1], device=logits.device) + vocab_start >= vocab_size
-        logits = logits.masked_fill(pad, -1e30)  # finite: exp() gives 0 and 0 * logit stays 0
-    return _VocabParallelLogprob.apply(logits, targets, vocab_start, group)
+    return _VocabParallelLogprob.apply(logits, targets, vocab_start, group, temperature, vocab_size)
 
 
 def packed_logprobs(
