@@ -75,7 +75,7 @@ class StagePlan:
         )
 
 
-def _records(cfg: TrainConfig, vocab: int, dp: int):
+def plan_records(cfg: TrainConfig, vocab: int, dp: int):
     """This rank's share of an iteration at the preset's budgets: whole groups, every step's action
     at ``max_action_tokens`` and the final observation near ``max_obs_tokens``."""
     from agent_r1.records.synth import synth_table
@@ -155,7 +155,7 @@ def measure_update(learner: Any, cfg: TrainConfig, vocab: int, memory: Any, out:
     models = [m for m in (learner.actor, learner.critic, learner.ref) if m is not None]
     out.weights = sum(_param_bytes(m.module) for m in models)
     out.grads = sum(_grad_buffer_bytes(m) for m in models)
-    table = _records(cfg, vocab, cfg.parallel.dp)
+    table = plan_records(cfg, vocab, cfg.parallel.dp)
     memory.reset_peak()
     learner.update(table, version=1, iteration=0)
     del table

@@ -18,6 +18,11 @@ process:
    takes them; NCCL refuses two ranks on one GPU), checked by ``/get_weights_by_name``; GB/s;
    baseline: safetensors on local disk + ``/update_weights_from_disk``.
 
+5. ``plan_vs_gpu``         -- ``agent-r1 plan``'s dry run of a small GRPO run (in a process that sees
+   no GPU) against the same update on the GPU (``torch.cuda.max_memory_allocated``): every term
+   within 25 %; ``fp8_update`` -- one learner update with ``model.precision=fp8`` when Transformer
+   Engine is installed (says so and passes when it is not).
+
 6. ``vision_language``     -- a tiny Qwen2-VL on the device in fp32: the engine's logprobs with
    an image (tower features and pads' rows on the GPU) and the learner's (Megatron local spec,
    mRoPE, the vision tower as a submodule, a ``LearnerBatch`` from records with images) against
@@ -32,6 +37,7 @@ smoke test of this script, not a measurement.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import socket
@@ -195,7 +201,9 @@ def learner_update(c: Ctx) -> dict:
 
     cfg = load_config(
         [f"model.path={c.model_dir}", "model.build=null", f"model.dtype={c.dtype}", "trainer.progress=false",
-         f"parallel.backend={'gloo' if c.a.cpu else 'nccl'}", "optim.micro_tokens=8192", "optim.lr=1e-5"]
+         f"parallel.backend={'gloo' if c.a.cpu else 'nccl'}", "optim.micro_tokens=8192", "optim.lr=1e-5",
+         # the config refuses NCCL under the local launcher; the check starts no launcher
+         *([] if c.a.cpu else ["cluster=slurm_gpu"])]
     )  # fmt: skip
     learner = Learner(cfg)
     table = c.records(16 if c.a.cpu else 64)
@@ -247,6 +255,83 @@ def learner_update(c: Ctx) -> dict:
     bench("learner_update_mfu", "mfu", mfu, f"peak_{c.a.peak_tflops:g}_tflops", mfu)
     return {"ok": all(v == v for v in m.values()), "seconds": t, "merged_tokens": tokens,
             "per_step_tokens": per_step_tokens, "hf_seconds": t_hf, "mfu": mfu, "loss/pg": m.get("loss/pg")}  # fmt: skip
+
+
+# ---- 2b. the plan against the GPU -------------------------------------------------------------------------
+PLAN_OVERRIDES = ["rollout.group_size=8", "rollout.prompts_per_iteration=8", "rollout.max_steps=4",
+                  "rollout.max_obs_tokens=1024", "rollout.max_action_tokens=128", "optim.micro_tokens=4096",
+                  "algorithm=grpo", "parallel.backend=nccl", "cluster=slurm_gpu"]  # fmt: skip
+
+
+@check
+def plan_vs_gpu(c: Ctx) -> dict:
+    """``agent-r1 plan``'s dry run (in a process that sees no GPU) against the same update on the GPU:
+    weights, gradient buffers and optimizer state from the learner's tensors, the update's peak from
+    ``torch.cuda.max_memory_allocated``; the peaks within 25 % (the dry run models fused kernels
+    where this machine may run the local spec's)."""
+    if c.device.type != "cuda":
+        return {"ok": True, "skipped": "needs a GPU (the dry run itself is tested on the CPU)"}
+    from agent_r1.train.config import load_config
+    from agent_r1.train.learner import Learner
+    from agent_r1.train.plan import StagePlan, measure_update
+
+    overrides = [f"model.path={c.model_dir}", "model.build=null", f"model.dtype={c.dtype}", *PLAN_OVERRIDES]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "agent_r1.cli", "plan", *overrides, "--json"],
+                          capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    planned = json.loads(proc.stdout)["stages"][0]
+
+    class CudaMemory:  # measure_update's tracker interface, from the caching allocator's counters
+        live = property(lambda self: torch.cuda.memory_allocated())
+        peak = property(lambda self: torch.cuda.max_memory_allocated())
+        reset_peak = staticmethod(torch.cuda.reset_peak_memory_stats)
+
+    cfg = load_config([*overrides, "trainer.progress=false"])
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    learner = Learner(cfg)
+    real = StagePlan(stage=0, rank=0)
+    from transformers import AutoConfig
+
+    measure_update(learner, cfg, AutoConfig.from_pretrained(c.model_dir).vocab_size, CudaMemory(), real)
+    real.optimizer -= base  # what was on the GPU before the learner
+    del learner
+    torch.cuda.empty_cache()
+    ratios = {
+        k: getattr(real, k) / max(planned[k], 1) for k in ("weights", "grads", "optimizer", "activations")
+    }
+    bench("plan_activation_peak", "gib", real.activations / 2**30, "agent_r1_plan", ratios["activations"])
+    ok = all(0.75 <= r <= 1.25 for r in ratios.values())
+    return {"ok": ok, "real": dataclasses.asdict(real), "planned": planned, "real_over_planned": ratios}
+
+
+@check
+def fp8_update(c: Ctx) -> dict:
+    """One learner update in FP8 (Transformer Engine's spec, packed streams padded to 16)."""
+    if c.device.type != "cuda":
+        return {"ok": True, "skipped": "FP8 needs a GPU"}
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except (ImportError, RuntimeError) as e:
+        return {"ok": True, "skipped": f"Transformer Engine is not installed here ({type(e).__name__}: {e})"}
+    from agent_r1.train.config import load_config
+    from agent_r1.train.learner import Learner
+
+    cfg = load_config(
+        [f"model.path={c.model_dir}", "model.build=null", "model.dtype=bfloat16", "model.precision=fp8",
+         "trainer.progress=false", "parallel.backend=nccl", "cluster=slurm_gpu", "optim.micro_tokens=8192"]
+    )  # fmt: skip
+    learner = Learner(cfg)
+    table = c.records(16)
+    _sync(c.device)
+    t0 = time.perf_counter()
+    m = learner.update(table, 1, 0)
+    _sync(c.device)
+    del learner
+    torch.cuda.empty_cache()
+    finite = all(v == v and abs(v) != float("inf") for v in m.values())
+    return {"ok": finite, "seconds": time.perf_counter() - t0, "loss/pg": m.get("loss/pg"),
+            "grad_norm": m.get("grad_norm")}  # fmt: skip
 
 
 # ---- 3. the embedded engine ------------------------------------------------------------------------------
