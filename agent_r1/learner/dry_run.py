@@ -337,7 +337,7 @@ class DryRun:
 
         self._stack.callback(setattr, dist, "new_group", new_group)
         dist.new_group = fake_group
-        self._patch_cuda()
+        self._patch_megatron()
         import torch.fx.experimental._config as fx_config
 
         # a mask selects every element: the upper bound of what a mask-indexed tensor can hold
@@ -363,14 +363,13 @@ class DryRun:
         torch.nn.RMSNorm.forward = lambda norm, x: _FusedRMSNorm.apply(x, norm.weight)
         attention.apply_rotary_pos_emb = lambda t, *a, **k: _FusedRope.apply(t)
 
-    def _patch_cuda(self) -> None:
-        """CUDA means the planned device for Megatron-Core (which asks torch.cuda directly)."""
+    def _patch_megatron(self) -> None:
+        """CUDA means the planned device for Megatron-Core (``cpu_compat``, for the whole process:
+        which is why a dry run has a process of its own), and what Megatron computes from data
+        (pipeline shapes, its fallback gradient norm) comes from what the dry run knows."""
         from agent_r1.learner import cpu_compat
 
-        saved = {n: getattr(torch.cuda, n) for n in ("current_device", "is_available", "device_count")}
-        self._stack.callback(lambda: [setattr(torch.cuda, n, f) for n, f in saved.items()])
         cpu_compat.apply(DEVICE)
-        torch.cuda.current_device = lambda: DEVICE
         from megatron.core import utils as mutils
         from megatron.core.optimizer import clip_grads
 
