@@ -16,7 +16,7 @@ from agent_r1.registry import Registry
 class AgentEnv:
     """Subclass and register with ``@ENVS.register("name")``; a YAML/row string picks it."""
 
-    # the episode's step limit as the flow runs it (``rollout.max_steps``), set by the agent loop
+    # the episode's step limit as the flow runs it (``episode.max_steps``), set by the agent loop
     # before ``reset``; None outside a flow. An environment with its own limit ends episodes at the
     # smaller one, so anything it counts "per step left" must count to ``min(own, this)``.
     flow_max_steps: int | None = None

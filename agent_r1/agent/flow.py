@@ -14,7 +14,8 @@ from typing import Any
 
 from agent_r1.agent.chat import ChatCodec
 from agent_r1.agent.env import make_env
-from agent_r1.agent.types import Action, GenerateFn, Observation, SamplingParams, StepResult
+from agent_r1.agent.episode import EpisodeSettings, FlowConfig
+from agent_r1.agent.types import Action, GenerateFn, Observation, StepResult
 from agent_r1.data.rows import DataRow
 from agent_r1.records.schema import StepRecord, Trajectory
 from agent_r1.registry import Registry
@@ -39,22 +40,9 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
     return i
 
 
-@dataclass
-class FlowConfig:
-    max_steps: int = 8  # steps per episode
-    max_obs_tokens: int = 2048  # per-step observation budget; longer -> the episode ends truncated
-    max_action_tokens: int = 256  # per-step response budget
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-
-    def __post_init__(self) -> None:
-        for k in ("max_steps", "max_obs_tokens", "max_action_tokens"):
-            if getattr(self, k) < 1:
-                raise ValueError(f"flow.{k} must be >= 1, got {getattr(self, k)}")
-
-
 class AgentFlow:
     def __init__(self, generate: GenerateFn, codec: ChatCodec, config: FlowConfig | None = None):
-        self.generate, self.codec, self.config = generate, codec, config or FlowConfig()
+        self.generate, self.codec, self.config = generate, codec, config or EpisodeSettings().flow()
 
     async def run(self, row: DataRow, trajectory_id: str, group_id: str) -> Trajectory:
         raise NotImplementedError

@@ -6,7 +6,7 @@ Everything the learner does with an iteration's records indexes into it:
 - action tokens (A,) flat in that order, with ``act_offsets`` (S + 1,) per step: rollout logprobs,
   action mask, teacher logprobs; the learner's logprobs and token advantages come back in this
   order too;
-- the prefix-merged token stream of every trajectory (DESIGN §2): a step whose observation starts
+- the prefix-merged token stream of every trajectory (docs/architecture.md): a step whose observation starts
   with the previous step's observation + action continues the previous step's sequence, so a
   T-step trajectory is one sequence over its unique tokens. ``label_pos`` (A,) says where each
   action token sits in the stream, ``value_pos`` (S,) where each step starts (its last

@@ -1,4 +1,4 @@
-"""StepRecord <-> Arrow, defined once (DESIGN §1).
+"""StepRecord <-> Arrow, defined once (docs/architecture.md, "The step-level MDP").
 
 A step record is one MDP transition: the full observation as token ids, the action as sampled
 (ids, logprobs, mask), what the environment said back, the reward and termination.

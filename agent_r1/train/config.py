@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from agent_r1.agent.episode import EpisodeSettings
 from agent_r1.algos.advantages import AdvantageConfig
 from agent_r1.algos.losses import LossConfig
 from agent_r1.errors import UsageError
@@ -24,6 +25,11 @@ from agent_r1.rollout.served import RESERVED
 from agent_r1.rollout.sglang import SGLangConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+# keys that moved to another slice: a config naming the old key is told the new one
+MOVED = {
+    f"rollout.{k}": f"episode.{k}"
+    for k in ("max_steps", "max_obs_tokens", "max_action_tokens", "temperature", "top_p")
+}
 
 
 class ConfigError(UsageError, ValueError):
@@ -149,11 +155,6 @@ class RolloutConfig:
     urls: list[str] = field(default_factory=list)  # engine=external: running servers
     group_size: int = 8  # samples per prompt (n)
     prompts_per_iteration: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_steps: int = 4
-    max_obs_tokens: int = 1024
-    max_action_tokens: int = 64
     max_concurrency: int = 64  # episodes in flight per worker
     mode: str = "sync"  # sync | async (generate v+1 while training v)
     max_staleness: int = 1  # async: policy versions a record may lag behind the learner
@@ -184,8 +185,6 @@ class RolloutConfig:
         _check(self.servers >= 1 and self.workers >= 1, "rollout.servers/workers", "must be >= 1")
         _check(self.group_size >= 1, "rollout.group_size", f"must be >= 1, got {self.group_size}")
         _check(self.prompts_per_iteration >= 1, "rollout.prompts_per_iteration", "must be >= 1")
-        _check(self.temperature >= 0, "rollout.temperature", f"must be >= 0, got {self.temperature}")
-        _check(0 < self.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {self.top_p}")
         _check(self.mode in ("sync", "async"), "rollout.mode", f"sync or async, got {self.mode!r}")
         _check(self.max_staleness >= 0, "rollout.max_staleness", "must be >= 0")
         _check(
@@ -198,7 +197,7 @@ class RolloutConfig:
             "rollout.router_policy",
             f"random, round_robin, cache_aware or power_of_two, got {self.router_policy!r}",
         )
-        for k in ("max_steps", "max_obs_tokens", "max_action_tokens", "max_concurrency", "bucket_mb"):
+        for k in ("max_concurrency", "bucket_mb"):
             _check(getattr(self, k) >= 1, f"rollout.{k}", f"must be >= 1, got {getattr(self, k)}")
         for name, path in self.helpers.items():
             _check(
@@ -374,6 +373,7 @@ class TrainConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    episode: EpisodeSettings = field(default_factory=EpisodeSettings)  # budgets and sampling
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -417,7 +417,8 @@ def _compose(overrides: list[str], config_name: str = "train") -> Any:
         with initialize_config_dir(str(CONFIG_DIR), version_base=None):
             return compose(config_name=config_name, overrides=list(overrides))
     except HydraException as e:
-        raise ConfigError(f"config: {e}") from None
+        moved = [f"{k} moved to {v}" for k, v in MOVED.items() if f"'{k}'" in str(e)]
+        raise ConfigError(f"config: {moved[0] if moved else e}") from None
     finally:
         GlobalHydra.instance().clear()
 
@@ -446,6 +447,8 @@ def validate(raw: Any) -> TrainConfig:
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
         first = str(e).splitlines()[0]
+        if key in MOVED:
+            first = f"{key} moved to {MOVED[key]}"
         raise ConfigError(f"config key {key!r}: {first}" if key else f"config: {first}") from None
     except ValueError as e:
         raise ConfigError(f"config {e}") from None

@@ -13,6 +13,7 @@ import logging
 import random
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -120,8 +121,7 @@ class Coordinator:
                 "train",
                 rows,
                 rc.group_size,
-                rc.temperature,
-                rc.top_p,
+                cfg.episode,
                 cfg.trainer.seed * 7919 + iteration,
                 version,
                 rc.workers,
@@ -134,8 +134,7 @@ class Coordinator:
             "test",
             list(range(cfg.recipe.test_size)),
             1,
-            cfg.trainer.eval_temperature,
-            1.0,
+            replace(cfg.episode, temperature=cfg.trainer.eval_temperature, top_p=1.0),
             cfg.trainer.seed,
             version,
             rc.workers,

@@ -56,7 +56,7 @@ class Learner:
         keep_freed_host_memory()  # a CPU learner reuses its step's large blocks (no page faults)
         bridge = bridge_config(cfg)
         seed = cfg.trainer.seed
-        temp = logprob_temperature(cfg.rollout.temperature)  # the rollout's logprobs are tempered
+        temp = logprob_temperature(cfg.episode.temperature)  # the rollout's logprobs are tempered
         self.actor = Actor(
             cfg.model.path,
             bridge,

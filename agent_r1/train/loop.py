@@ -21,7 +21,6 @@ import torch
 import torch.distributed as dist
 
 from agent_r1.agent.chat import ChatCodec
-from agent_r1.agent.flow import FlowConfig
 from agent_r1.learner.checkpoint_files import CheckpointError, first_nonfinite
 from agent_r1.learner.cpu_compat import apply
 from agent_r1.learner.device import all_reduce_scalar
@@ -176,16 +175,13 @@ class Trainer:
         from agent_r1.train.env_server import use_run_env_server
         from agent_r1.train.rows import split_rows
 
-        r, rc = self.cfg.recipe, self.cfg.rollout
-        recipe = load_recipe(r.name)
+        recipe = load_recipe(self.cfg.recipe.name)
         use_run_retriever(self.cfg, self.rd)  # demonstrations search like the policy will
         use_run_models(self.cfg, self.rd)  # and are judged / summarised by the same helper models
         use_run_env_server(self.cfg, self.rd)  # and shop on the same site
         rows = split_rows(self.cfg, "train")
         rows = (rows * (self.cfg.sft.demos // len(rows) + 1))[: self.cfg.sft.demos]
-        flow = FlowConfig(
-            max_steps=rc.max_steps, max_obs_tokens=rc.max_obs_tokens, max_action_tokens=rc.max_action_tokens
-        )
+        flow = self.cfg.episode.flow()
         trajs = demonstration_records(
             recipe, rows, self.codec, flow, self.cfg.sft.seed, **self.cfg.sft.options
         )

@@ -80,18 +80,18 @@ def plan_records(cfg: TrainConfig, vocab: int, dp: int):
     at ``max_action_tokens`` and the final observation near ``max_obs_tokens``."""
     from agent_r1.records.synth import synth_table
 
-    r = cfg.rollout
+    r, e = cfg.rollout, cfg.episode
     groups = max(1, r.prompts_per_iteration // dp)
-    steps = r.max_steps
+    steps = e.max_steps
     feedback = 8
-    prompt = max(1, r.max_obs_tokens - (steps - 1) * (r.max_action_tokens + feedback))
+    prompt = max(1, e.max_obs_tokens - (steps - 1) * (e.max_action_tokens + feedback))
     return synth_table(
         groups * r.group_size,
         group_size=r.group_size,
         max_steps=steps,
         seed=0,
         prompt_len=(prompt, prompt),
-        action_len=(r.max_action_tokens, r.max_action_tokens),
+        action_len=(e.max_action_tokens, e.max_action_tokens),
         feedback_len=(feedback, feedback),
         vocab=vocab,
     )
@@ -351,7 +351,7 @@ def rollout_plan(cfg: TrainConfig, hf_config: Any, push_bytes: int) -> RolloutPl
     gpu = int(cfg.cluster.gpu_mem_gb * GiB)
     free = max(0, int(gpu * s.mem_fraction) - weights // s.tp)
     kv_tokens = free // per_token
-    episode = cfg.rollout.max_obs_tokens + cfg.rollout.max_action_tokens
+    episode = cfg.episode.context_len
     return RolloutPlan(s.tp, weights // s.tp, per_token, kv_tokens, episode, kv_tokens // episode, push_bytes)
 
 

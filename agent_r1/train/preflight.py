@@ -86,11 +86,11 @@ def model_problems(cfg: TrainConfig, local: bool = True) -> list[str]:
             out.append(
                 f"model.max_len={m.max_len} exceeds the model's max_position_embeddings={dims['positions']}"
             )
-    r = cfg.rollout
-    if r.max_obs_tokens + r.max_action_tokens > m.max_len:
+    e = cfg.episode
+    if e.context_len > m.max_len:
         out.append(
-            f"rollout.max_obs_tokens={r.max_obs_tokens} + rollout.max_action_tokens={r.max_action_tokens}"
-            f" = {r.max_obs_tokens + r.max_action_tokens} must fit model.max_len={m.max_len} (the servers'"
+            f"episode.max_obs_tokens={e.max_obs_tokens} + episode.max_action_tokens={e.max_action_tokens}"
+            f" = {e.context_len} must fit model.max_len={m.max_len} (the servers'"
             " context: an observation at its budget leaves no room for a full action): lower one or raise"
             " model.max_len"
         )
@@ -115,7 +115,6 @@ def data_problems(cfg: TrainConfig, rd: Any = None) -> list[str]:
     helpers) environments may name."""
 
     from agent_r1.agent.chat import ChatCodec
-    from agent_r1.agent.flow import FlowConfig
     from agent_r1.data.rows import RowError
     from agent_r1.train.rows import shared_file_problems, split_rows
 
@@ -131,11 +130,7 @@ def data_problems(cfg: TrainConfig, rd: Any = None) -> list[str]:
     except ValueError as e:
         return [str(e)]
     codec = ChatCodec.load(cfg.model.path)
-    flow_cfg = FlowConfig(
-        max_steps=cfg.rollout.max_steps,
-        max_obs_tokens=cfg.rollout.max_obs_tokens,
-        max_action_tokens=cfg.rollout.max_action_tokens,
-    )
+    flow_cfg = cfg.episode.flow()
     out: list[str] = shared_file_problems(cfg)
     for split in ("train", "test"):
         try:
@@ -195,12 +190,12 @@ async def _check_rows(
         )
     if reset and over == reset:
         out.append(
-            f"{split} split: every first observation is longer than rollout.max_obs_tokens="
+            f"{split} split: every first observation is longer than episode.max_obs_tokens="
             f"{flow_cfg.max_obs_tokens}: nothing could be generated (raise it, and model.max_len)"
         )
     elif over:
         log.warning(
-            "%s split: %d of %d first observations exceed rollout.max_obs_tokens=%d and will end at once",
+            "%s split: %d of %d first observations exceed episode.max_obs_tokens=%d and will end at once",
             split,
             over,
             reset,

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent_r1.agent.episode import EpisodeSettings
 from agent_r1.train.run_dir import RunDir, atomic_write_json, read_json
 
 
@@ -32,8 +33,7 @@ class RolloutTask:
     split: str  # recipe split the rows come from
     rows: list[int]  # row indices into the split
     group_size: int
-    temperature: float
-    top_p: float
+    episode: EpisodeSettings  # budgets and sampling, whole: every worker runs the same episodes
     seed: int
     weight_version: int  # servers must have at least this version
     workers: int  # how many workers share the task
@@ -58,7 +58,8 @@ def write_task(rd: RunDir, task: RolloutTask) -> None:
 
 
 def read_task(path: Path) -> RolloutTask:
-    return RolloutTask(**read_json(path))
+    d = read_json(path)
+    return RolloutTask(**{**d, "episode": EpisodeSettings(**d["episode"])})
 
 
 def pending_tasks(rd: RunDir, worker: int) -> list[RolloutTask]:

@@ -162,25 +162,12 @@ class Worker:
         """Run this worker's rows of ``task`` on servers holding its weight version; when every
         server it had dies, run the share again on the live ones (nothing was committed)."""
         from agent_r1.agent.episodes import run_episodes
-        from agent_r1.agent.flow import FlowConfig
-        from agent_r1.agent.types import SamplingParams
         from agent_r1.rollout.client import RolloutClient, RolloutError, discover_servers
         from agent_r1.rollout.router import router_url
 
         rc = self.cfg.rollout
         rows = [self.rows(task.split)[r] for _, r in task.share(self.index)]
-        sampling = SamplingParams(
-            temperature=task.temperature,
-            top_p=task.top_p,
-            max_new_tokens=rc.max_action_tokens,
-            seed=task.seed,
-        )
-        flow = FlowConfig(
-            max_steps=rc.max_steps,
-            max_obs_tokens=rc.max_obs_tokens,
-            max_action_tokens=rc.max_action_tokens,
-            sampling=sampling,
-        )
+        flow = task.episode.flow(task.seed)
         progress = self.rd.tasks / f"{task.name}.w{self.index}.progress"
         last = [0.0]
 

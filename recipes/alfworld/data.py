@@ -137,7 +137,7 @@ def _handcoded_plan(path: str, max_steps: int = 20) -> tuple[str, ...] | None:
 def demonstrations(rows: list[DataRow], seed: int = 0, detour_rate: float = 0.0, misstep_rate: float = 0.0,
                    expert: str = "planner", max_steps: int = 20) -> list[list[str]]:  # fmt: skip
     """The expert's commands (``planner`` or ``handcoded``, see ``expert_plan``) as env_step calls,
-    at most ``max_steps`` of them (set it to the run's ``rollout.max_steps``). With
+    at most ``max_steps`` of them (set it to the run's ``episode.max_steps``). With
     ``detour_rate`` a noisy demonstrator: that often, before one of its ``go to`` steps, it first
     goes somewhere else the room offers (checked on the engine: the rest of the plan still wins
     from there; only where the plan has a step to spare). With ``misstep_rate``, recovery

@@ -57,7 +57,7 @@ def _row(env_kwargs=None, truth="7", question="Ava has 3 apples and finds 4. How
 
 def _run(codec, responses, row=None, config=None, **flow_kw):
     policy = ScriptedPolicy(codec, responses)
-    flow = AgentEnvLoop(policy, codec, config or FlowConfig(max_action_tokens=200), **flow_kw)
+    flow = AgentEnvLoop(policy, codec, config or FlowConfig(max_steps=8, max_action_tokens=200), **flow_kw)
     return flow, policy, asyncio.run(flow.run(row or _row(), "t0", "g0"))
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from agent_r1.agent.episode import EpisodeSettings
+
 
 def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """The real entry point in its own process."""
@@ -174,7 +176,8 @@ def test_infer_names_the_bad_line_before_any_server_starts(content, says, tiny_m
     r = cli("infer", "--model", str(tiny_model_dir), "--input", str(tmp_path / "bad.jsonl"),
             "--out", str(tmp_path / "o.jsonl"))  # fmt: skip
     line = one_line_error(r, 1, says)
-    assert "cannot fit --max-obs-tokens 1536" in line or "characters" not in says
+    budget = EpisodeSettings.max_obs_tokens  # the one default of every command
+    assert f"cannot fit --max-obs-tokens {budget}" in line or "characters" not in says
     assert not (tmp_path / "o.jsonl").exists() and not _processes_naming(str(tmp_path))
 
 
@@ -254,11 +257,11 @@ def test_debug_shows_the_traceback(tmp_path: Path):
 
 
 def test_an_action_budget_over_the_context_is_refused_before_any_role(tiny_model_dir: Path, tmp_path: Path):
-    """``rollout.max_action_tokens=100000`` with ``model.max_len=2048``: the run's preflight refuses it
+    """``episode.max_action_tokens=100000`` with ``model.max_len=2048``: the run's preflight refuses it
     (with every other problem), no role starts."""
     r = _cli("train", "+experiment=quickstart", f"model.path={tiny_model_dir}", "model.build=null",
-             f"trainer.run_dir={tmp_path / 'run'}", "rollout.max_action_tokens=100000", timeout=120)  # fmt: skip
+             f"trainer.run_dir={tmp_path / 'run'}", "episode.max_action_tokens=100000", timeout=120)  # fmt: skip
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert "rollout.max_action_tokens=100000 = 100512 must fit model.max_len=2048" in r.stderr
+    assert "episode.max_action_tokens=100000 = 100512 must fit model.max_len=2048" in r.stderr
     assert not list((tmp_path / "run" / "control" / "roles").glob("*.json"))
     assert not _processes_naming(str(tmp_path))

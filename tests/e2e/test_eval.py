@@ -12,7 +12,7 @@ import sys
 import pytest
 from train_checks import check_finished, reduced, train
 
-from agent_r1.evaluate import pass_at_k, wilson
+from agent_r1.commands.evaluate import pass_at_k, wilson
 from agent_r1.records.reader import RecordStore
 
 

@@ -36,7 +36,7 @@ def test_only_server_killed_mid_rollout_run_finishes(tiny_model_dir, tmp_path):
     """The replacement server starts from the model on disk; the coordinator brings it to the
     current weights, the worker runs its share again on it, nothing is lost or trained twice."""
     run = tmp_path / "onlyserver"
-    args = reduced(tiny_model_dir, run, "rollout.servers=1", "rollout.max_action_tokens=48")
+    args = reduced(tiny_model_dir, run, "rollout.servers=1", "episode.max_action_tokens=48")
     p = start_train(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         prog = run / "control" / "tasks" / "train_000000.w0.progress"
@@ -119,7 +119,7 @@ def test_router_in_front_of_the_servers_and_a_restarted_server_rejoins(tiny_mode
     workers send /generate through it; a killed server's replacement registers again."""
     run = tmp_path / "router"
     args = reduced(
-        tiny_model_dir, run, "rollout.router=true", "rollout.servers=2", "rollout.max_action_tokens=48"
+        tiny_model_dir, run, "rollout.router=true", "rollout.servers=2", "episode.max_action_tokens=48"
     )
     p = start_train(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

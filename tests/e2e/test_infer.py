@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from agent_r1.commands.infer import read_inputs
 from agent_r1.data.rows import RowError, write_rows
-from agent_r1.infer import read_inputs
 from recipes import load_recipe
 
 

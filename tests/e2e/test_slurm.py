@@ -362,7 +362,7 @@ def test_server_killed_under_slurm_is_restarted_in_place_behind_the_router(slurm
     finishes with every record of every iteration, each trained once."""
     run = tmp_path / "slurmkill"
     args = reduced(
-        tiny_model_dir, run, "cluster=slurm_cpu", "rollout.router=true", "rollout.max_action_tokens=48"
+        tiny_model_dir, run, "cluster=slurm_cpu", "rollout.router=true", "episode.max_action_tokens=48"
     )
     job = submitted_id(agent_r1(["launch", *args], slurm).stdout)
     prog = run / "control" / "tasks" / "train_000000.w0.progress"

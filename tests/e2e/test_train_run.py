@@ -43,7 +43,7 @@ def teacher_dir(tmp_path_factory, tiny_model_dir):
 
 def test_grpo_two_iterations(tiny_model_dir, tmp_path):
     run = tmp_path / "grpo"
-    r = train(reduced(tiny_model_dir, run, "algorithm=grpo", "rollout.temperature=0.7"))
+    r = train(reduced(tiny_model_dir, run, "algorithm=grpo", "episode.temperature=0.7"))
     s = check_finished(r, run, 2)
     assert s["algorithm"] == "grpo"
     scalars = check_events(run, 2)
@@ -203,7 +203,7 @@ def test_ctrl_c_during_the_warm_start(tiny_model_dir, tmp_path):
 
 def test_rollout_server_killed_mid_iteration(tiny_model_dir, tmp_path):
     run = tmp_path / "serverkill"
-    args = reduced(tiny_model_dir, run, "rollout.servers=2", "rollout.max_action_tokens=48")
+    args = reduced(tiny_model_dir, run, "rollout.servers=2", "episode.max_action_tokens=48")
     task = run / "control" / "tasks" / "train_000000.json"
 
     def kill_server(_p: subprocess.Popen) -> None:

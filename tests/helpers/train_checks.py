@@ -61,7 +61,7 @@ def reduced(
         "recipe.test_size=4",
         "rollout.prompts_per_iteration=4",
         "rollout.group_size=4",
-        *([f"rollout.max_action_tokens={action_tokens}"] if action_tokens else []),
+        *([f"episode.max_action_tokens={action_tokens}"] if action_tokens else []),
         "rollout.ready_timeout_s=120",
         *extra,
     ]

@@ -77,7 +77,7 @@ def test_no_import_cycles_between_files():
 
 
 # Which folders of agent_r1/ each folder may import (STYLE §4: imports point down). train/ wires
-# everything; cli.py and records_cli.py are entry points. errors.py (the expected-failure base
+# everything; cli.py and commands/ are entry points. errors.py (the expected-failure base
 # classes) is below everything.
 ALLOWED = {
     "errors": set(),

@@ -34,9 +34,9 @@ def overrides(model: Path) -> list[str]:
         f"model.path={model}",
         "rollout.group_size=4",
         "rollout.prompts_per_iteration=4",
-        "rollout.max_steps=2",
-        "rollout.max_obs_tokens=96",
-        "rollout.max_action_tokens=32",
+        "episode.max_steps=2",
+        "episode.max_obs_tokens=96",
+        "episode.max_action_tokens=32",
         "optim.micro_tokens=512",
         "algorithm=ppo",  # a critic too: three models' worth of state
     ]

@@ -208,7 +208,7 @@ def world_retriever(tmp_path_factory):
 
 def _run(codec, row, script, **flow):
     policy = ScriptedPolicy(codec, script)
-    flow = {"max_action_tokens": 200, **flow}
+    flow = {"max_steps": 8, "max_action_tokens": 200, **flow}
     sampling = SamplingParams(max_new_tokens=flow["max_action_tokens"])
     agent = AGENTS.get(row.agent_name).build(policy, codec, FlowConfig(sampling=sampling, **flow))
     return asyncio.run(agent.run(row, "t", "g")), policy

@@ -43,9 +43,9 @@ def _train(*args: str) -> tuple[subprocess.CompletedProcess, float]:
         (["model.precision=fp8"], "model.precision=fp8 needs NVIDIA GPUs"),
         (
             ["model.max_len=16"],
-            "rollout.max_obs_tokens=512 + rollout.max_action_tokens=48 = 560 must fit model.max_len=16",
+            "episode.max_obs_tokens=512 + episode.max_action_tokens=48 = 560 must fit model.max_len=16",
         ),
-        (["rollout.max_action_tokens=100000"], "= 100512 must fit model.max_len=2048"),
+        (["episode.max_action_tokens=100000"], "= 100512 must fit model.max_len=2048"),
     ],
 )
 def test_model_and_layout_problems(tiny_model_dir, overrides, msg):
@@ -144,7 +144,7 @@ def test_environment_resets_stop_at_their_time_budget_and_the_other_checks_go_on
 def test_prompts_longer_than_the_budget_are_refused(codec):
     flow = FlowConfig(max_steps=3, max_obs_tokens=8, max_action_tokens=4)
     problems = asyncio.run(_check_rows([_row(), _row()], "test", codec, flow))
-    assert any("every first observation is longer than rollout.max_obs_tokens=8" in p for p in problems)
+    assert any("every first observation is longer than episode.max_obs_tokens=8" in p for p in problems)
 
 
 @pytest.mark.parametrize(

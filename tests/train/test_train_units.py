@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from agent_r1.agent.episode import EpisodeSettings
 from agent_r1.train.coordinator import checkpoint_candidates, prompt_indices, remove_partial_checkpoints
 from agent_r1.train.run_dir import RunDir
 from agent_r1.train.tasks import RolloutTask, acknowledge, forget_tasks_after, pending_tasks, write_task
@@ -24,7 +25,7 @@ def test_data_cursor_is_a_deterministic_permutation_per_epoch():
 
 
 def _task(name="train_000001", iteration=1, workers=2, rows=(5, 6, 7)):
-    return RolloutTask(name, "train", iteration, "train", list(rows), 2, 1.0, 1.0, 0, 3, workers)
+    return RolloutTask(name, "train", iteration, "train", list(rows), 2, EpisodeSettings(), 0, 3, workers)
 
 
 def test_task_shares_cover_rows_once():
@@ -45,6 +46,20 @@ def test_pending_acknowledge_forget(tmp_path: Path):
     forget_tasks_after(rd, 1)
     names = sorted(p.name for p in rd.tasks.iterdir())
     assert names == ["train_000001.json", "train_000001.w0.done"]
+
+
+def test_a_task_carries_its_episode_settings_whole(tmp_path: Path):
+    rd = RunDir.at(tmp_path).create()
+    task = _task()
+    task.episode = EpisodeSettings(
+        max_steps=7, max_obs_tokens=300, max_action_tokens=20, temperature=0.5, top_p=0.9
+    )
+    write_task(rd, task)
+    (got,) = pending_tasks(rd, 0)
+    assert got.episode == task.episode and got == task
+    flow = got.episode.flow(seed=got.seed)
+    assert (flow.max_steps, flow.max_obs_tokens, flow.max_action_tokens) == (7, 300, 20)
+    assert (flow.sampling.temperature, flow.sampling.top_p, flow.sampling.max_new_tokens) == (0.5, 0.9, 20)
 
 
 def test_checkpoint_candidates_newest_complete_first_and_partial_ones_removed(tmp_path: Path):

@@ -258,8 +258,8 @@ def learner_update(c: Ctx) -> dict:
 
 
 # ---- 2b. the plan against the GPU -------------------------------------------------------------------------
-PLAN_OVERRIDES = ["rollout.group_size=8", "rollout.prompts_per_iteration=8", "rollout.max_steps=4",
-                  "rollout.max_obs_tokens=1024", "rollout.max_action_tokens=128", "optim.micro_tokens=4096",
+PLAN_OVERRIDES = ["rollout.group_size=8", "rollout.prompts_per_iteration=8", "episode.max_steps=4",
+                  "episode.max_obs_tokens=1024", "episode.max_action_tokens=128", "optim.micro_tokens=4096",
                   "algorithm=grpo", "parallel.backend=nccl", "cluster=slurm_gpu"]  # fmt: skip
 
 

@@ -19,8 +19,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent_r1.errors import UsageError
-
 HELP = (
     "commands: /reset  /save FILE  /tools  /quit   (end a line with \\ to continue it; Ctrl-C stops a reply)"
 )
@@ -212,49 +210,60 @@ def read_message(style: Style) -> str | None:
         return "\n".join(lines).strip()
 
 
+def add_parser(sub: Any) -> None:
+    from agent_r1.commands.flags import add_episode_flags, add_policy_flags
+    from recipes import RECIPES
+
+    ch = sub.add_parser("chat", help="talk to a model with a recipe's tools in the terminal")
+    add_policy_flags(ch)
+    ch.add_argument("--recipe", default=None, choices=RECIPES, help="its agent, tools and system prompt")
+    ch.add_argument("--tools", default=None, help="a tool agent with these tools: calculator,search")
+    ch.add_argument("--system", default=None, help="the system prompt (default: the recipe's)")
+    ch.add_argument("--index", default=None, help="the search tool's index")
+    add_episode_flags(ch)
+    ch.add_argument("--export-dir", default="chat_models", help="where --run's checkpoint is exported")
+    ch.add_argument("--no-color", action="store_true")
+    ch.set_defaults(fn=run)
+
+
+def run(a: Any) -> int:
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)  # the terminal is the chat's
+    return run_chat(a)
+
+
 def run_chat(a: Any) -> int:
-    from agent_r1.agent.chat import ChatCodec
-    from agent_r1.agent.flow import FlowConfig
-    from agent_r1.agent.types import SamplingParams
-    from agent_r1.evaluate import resolve_model, start_server
-    from agent_r1.infer import open_prompt_template
-    from agent_r1.tools import TOOLS
+    from agent_r1.commands.infer import parse_tools
+    from agent_r1.commands.policy import open_policy
     from recipes import load_all
 
     load_all()
-    tools = [t.strip() for t in a.tools.split(",")] if a.tools else None
-    for t in tools or []:
-        if t not in TOOLS:
-            raise UsageError(f"--tools: no tool named {t!r}; known: {', '.join(TOOLS.names())}")
-    cfg, model, source = resolve_model(a, Path(a.export_dir))
-    tokenizer = a.tokenizer or model or (cfg.model.path if cfg is not None else None)
-    if tokenizer is None:
-        raise UsageError("--url needs --tokenizer (an HF folder with the model's tokenizer)")
+    tools = parse_tools(a.tools)
     if a.index:
         from agent_r1.retrieval import client as retrieval
 
         retrieval.set_default(retrieval.LocalRetriever(retrieval.open_index(a.index)))
-    codec = ChatCodec.load(tokenizer)
+    with open_policy(a, Path(a.export_dir), announce=True) as policy:
+        return chat_loop(a, policy, tools)
+
+
+def chat_loop(a: Any, policy: Any, tools: list[str] | None) -> int:
+    from agent_r1.commands.infer import open_prompt_template
+
+    codec = policy.codec
     template = open_prompt_template(a.recipe, tools)
     if a.system:
         template.prompt = [{"role": "system", "content": a.system}]
     style = Style(sys.stdout.isatty() and not a.no_color)
-    proc = None
-    if a.url:
-        url = a.url
-    else:
-        print(f"starting the embedded engine for {model} ...", flush=True)
-        proc, url = start_server(model, a.max_len, a.dtype, None)
-    sampling = SamplingParams(
-        temperature=a.temperature, top_p=a.top_p, max_new_tokens=a.max_action_tokens, seed=a.seed
-    )
-    flow_cfg = FlowConfig(a.max_steps, a.max_obs_tokens, a.max_action_tokens, sampling=sampling)
+    url = policy.urls[0]
     out = sys.stdout
     gen = StreamingGenerate(url, a.api_key, lambda s: (out.write(s), out.flush()), codec)
-    session = ChatSession(codec, gen, template, flow_cfg, style, out)
+    session = ChatSession(codec, gen, template, policy.episode.flow(a.seed), style, out)
     loop = asyncio.new_event_loop()
     print(
-        f"chat with {source} ({url}); tools: {', '.join(session.tool_names()) or 'none'}\n{HELP}", flush=True
+        f"chat with {policy.source} ({url}); tools: {', '.join(session.tool_names()) or 'none'}\n{HELP}",
+        flush=True,
     )
     try:
         while True:
@@ -302,7 +311,4 @@ def run_chat(a: Any) -> int:
         loop.run_until_complete(session.reset())
         loop.run_until_complete(gen.close())
         loop.close()
-        if proc is not None:
-            proc.terminate()
-            proc.wait(30)
     return 0

@@ -171,58 +171,88 @@ def done_indices(out: Path, n: int) -> set[int]:
     return done
 
 
+def parse_tools(text: str | None) -> list[str] | None:
+    """``--tools calculator,search``: the names, each checked against the tool registry."""
+    if not text:
+        return None
+    from agent_r1.tools import TOOLS
+
+    tools = [t.strip() for t in text.split(",")]
+    unknown = [t for t in tools if t not in TOOLS]
+    if unknown:
+        raise UsageError(f"--tools: no tool named {unknown[0]!r}; known: {', '.join(TOOLS.names())}")
+    return tools
+
+
+def add_parser(sub: Any) -> None:
+    from agent_r1 import cli_args
+    from agent_r1.commands.flags import add_episode_flags, add_policy_flags
+    from recipes import RECIPES
+
+    inf = sub.add_parser("infer", help="batch inference: prompts or data rows -> episodes -> JSON lines")
+    inf.add_argument(
+        "--input", required=True, help="rows.parquet, or JSON lines / a JSON list of prompts or rows"
+    )
+    inf.add_argument("--out", required=True, help="answers.jsonl (resumed when it exists)")
+    add_policy_flags(inf, many_urls=True)
+    inf.add_argument(
+        "--servers", type=cli_args.positive_int, default=1, help="embedded servers to start (without --url)"
+    )
+    inf.add_argument(
+        "--recipe", default=None, choices=RECIPES, help="open prompts run as this recipe's agent"
+    )
+    inf.add_argument("--tools", default=None, help="open prompts run as a tool agent: calculator,search")
+    inf.add_argument("--index", default=None, help="the search tools' index")
+    inf.add_argument("--n", type=cli_args.positive_int, default=1, help="samples per prompt")
+    add_episode_flags(inf)
+    inf.add_argument(
+        "--chunk", type=cli_args.positive_int, default=64, help="prompts per written chunk (the resume unit)"
+    )
+    inf.add_argument("--concurrency", type=cli_args.positive_int, default=64, help="episodes in flight")
+    inf.add_argument("--no-progress", action="store_true")
+    inf.set_defaults(fn=run)
+
+
+def run(a: Any) -> int:
+    from agent_r1.logging import setup_logging
+
+    setup_logging("infer")
+    m = run_infer(a)
+    ok = "" if m["success"] is None else f"; success {m['success']:.3f} over {m['scored']} scored episodes"
+    print(
+        f"infer: {m['episodes']} episodes of {m['prompts']} prompts ({m['new_prompts']} new, "
+        f"{m['wall_seconds']:.1f} s){ok}\nanswers: {a.out}",
+        flush=True,
+    )
+    return 0
+
+
 def run_infer(a: Any) -> dict[str, Any]:
     import asyncio
 
-    from agent_r1.agent.chat import ChatCodec
     from agent_r1.agent.episodes import run_episodes
-    from agent_r1.agent.flow import FlowConfig
-    from agent_r1.agent.types import SamplingParams
-    from agent_r1.evaluate import check_budget, resolve_model, start_server
-    from agent_r1.rollout.client import RolloutClient
+    from agent_r1.commands.policy import open_policy
     from recipes import load_all
 
     load_all()
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tools = [t.strip() for t in a.tools.split(",")] if a.tools else None
-    if tools:
-        from agent_r1.tools import TOOLS
-
-        unknown = [t for t in tools if t not in TOOLS]
-        if unknown:
-            raise UsageError(f"--tools: no tool named {unknown[0]!r}; known: {', '.join(TOOLS.names())}")
-    located = located_inputs(a.input, a.recipe, tools)
+    located = located_inputs(a.input, a.recipe, parse_tools(a.tools))
     rows = [row for _, row in located]
-    cfg, model, _ = resolve_model(a, out.parent / f"{out.stem}.models")
     if getattr(a, "index", None):
         from agent_r1.retrieval import client as retrieval
 
         retrieval.set_default(retrieval.LocalRetriever(retrieval.open_index(a.index)))
-    tokenizer = a.tokenizer or model or (cfg.model.path if cfg is not None else None)
-    if tokenizer is None:
-        raise UsageError("--url needs --tokenizer (an HF folder with the model's tokenizer)")
-    codec = ChatCodec.load(tokenizer)
-    check_fits(located, codec, a.max_obs_tokens)
-    if not a.url:  # the embedded servers' context
-        check_budget(a.max_obs_tokens, a.max_action_tokens, a.max_len)
+    exports = out.parent / f"{out.stem}.models"
+    with open_policy(a, exports, serve=False) as policy:  # checked first: a prompt too long starts nothing
+        check_fits(located, policy.codec, policy.episode.max_obs_tokens)
     done = done_indices(out, a.n)
     todo = [i for i in range(len(rows)) if i not in done]
     if done:
         log.info("resuming: %d of %d prompts already in %s", len(done), len(rows), out)
-    sampling = SamplingParams(
-        temperature=a.temperature, top_p=a.top_p, max_new_tokens=a.max_action_tokens, seed=a.seed
-    )
-    flow = FlowConfig(a.max_steps, a.max_obs_tokens, a.max_action_tokens, sampling=sampling)
-    procs, urls = [], list(a.url or [])
     t0 = time.time()
-    try:
-        if not urls:
-            for _ in range(a.servers):
-                p, u = start_server(model, a.max_len, a.dtype, None)
-                procs.append(p)
-                urls.append(u)
-        client = RolloutClient(servers=urls, api_key=a.api_key)
+    with open_policy(a, exports, servers=a.servers) as policy:
+        client, codec, flow = policy.client(), policy.codec, policy.episode.flow(policy.seed)
 
         async def go() -> None:
             try:
@@ -243,10 +273,6 @@ def run_infer(a: Any) -> dict[str, Any]:
                 await client.close()
 
         asyncio.run(go())
-    finally:
-        for p in procs:
-            p.terminate()
-            p.wait(30)
     lines = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
     scored = [x for x in lines if x["success"] is not None]
     return {
