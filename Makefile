@@ -1,11 +1,12 @@
 # Two commands: `make run` (the main job) and `make test` (the whole suite). Both install first.
+# `make test-fast`: the units and single-process checks (tests marked slow left out, < 5 min).
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
 TINY  ?= artifacts/tiny-qwen3
 
 SMOLLM2 ?= artifacts/smollm2-135m-instruct
 
-.PHONY: install run test lint format tiny-model smollm2 bench clean
+.PHONY: install run test test-fast lint format tiny-model smollm2 bench clean
 
 install:
 	@bash tools/install.sh
@@ -33,6 +34,10 @@ bench: tiny-model smollm2
 test: install
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q tests
+
+test-fast: install
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q -m "not slow" tests
 
 lint: install
 	$(VENV)/bin/ruff check .

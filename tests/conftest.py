@@ -14,6 +14,22 @@ sys.path.insert(0, str(HELPERS))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# The full tier (`make test`) runs everything; the fast tier (`make test-fast`, `-m "not slow"`)
+# leaves out what starts whole runs, Slurm jobs or spawned Megatron ranks: these paths.
+SLOW = (
+    "e2e/",
+    "launch/test_plan.py",
+    "launch/test_preflight.py",
+    "learner/",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        if item.path.resolve().relative_to(tests).as_posix().startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

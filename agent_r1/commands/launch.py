@@ -19,10 +19,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
+    from agent_r1.launch.plan import PlanError
+    from agent_r1.launch.slurm import SlurmError, launch
     from agent_r1.train.config import ConfigError
-    from agent_r1.train.plan import PlanError
     from agent_r1.train.run_dir import RunDirBusy
-    from agent_r1.train.slurm import SlurmError, launch
 
     try:
         out = launch(a.overrides, dry_run=a.dry_run, plan=not a.no_plan)

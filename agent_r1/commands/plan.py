@@ -19,7 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(a: argparse.Namespace) -> int:
     """Exit 0 when the run fits, 1 when it does not (or a stage failed to plan)."""
-    from agent_r1.train.plan import plan, to_json
+    from agent_r1.launch.plan import plan, to_json
 
     p = plan(a.overrides)
     print(to_json(p) if a.json else p.table())

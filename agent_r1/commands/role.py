@@ -32,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
-    from agent_r1.train.roles import run_role, supervise
+    from agent_r1.launch.roles import run_role, supervise
 
     if a.supervise:
         return supervise(a.role, a.run_dir, a.index, a.max_restarts)

@@ -23,8 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def sweep(a: argparse.Namespace) -> int:
+    from agent_r1.launch.slurm import SlurmError, sweep
     from agent_r1.train.config import ConfigError
-    from agent_r1.train.slurm import SlurmError, sweep
 
     try:
         out = sweep(a.config, a.overrides, dry_run=a.dry_run, out_dir=a.out)
@@ -46,7 +46,7 @@ def sweep(a: argparse.Namespace) -> int:
 
 
 def sweep_task(a: argparse.Namespace) -> int:
-    from agent_r1.train.slurm import sweep_task
+    from agent_r1.launch.slurm import sweep_task
 
     setup_logging("sweep")
     return sweep_task(a.sweep_json, a.index)

@@ -37,7 +37,7 @@ def run(a: argparse.Namespace) -> int:
             "agent-r1 train runs locally; use `agent-r1 launch` for cluster.launcher=slurm", file=sys.stderr
         )
         return 2
-    from agent_r1.train.launcher import train_local
+    from agent_r1.launch.launcher import train_local
     from agent_r1.train.run_dir import RunDirBusy
 
     try:

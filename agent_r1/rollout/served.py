@@ -23,7 +23,9 @@ from agent_r1.rollout.client import RolloutClient
 
 log = logging.getLogger(__name__)
 
-RESERVED = ("server", "worker", "learner", "router", "retriever", "policy")
+# names a helper model may not take: the roles of a run (agent_r1.launch.roles.ROLES, a test keeps
+# them in step) and the policy
+RESERVED = ("server", "worker", "learner", "router", "retriever", "env_server", "policy")
 
 
 @dataclass(frozen=True)

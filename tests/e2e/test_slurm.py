@@ -445,7 +445,7 @@ def test_the_command_line_replaces_the_sweeps_experiment(tmp_path):
     """``agent-r1 sweep S.yaml +experiment=X`` on a sweep whose base names another experiment runs X
     (Hydra alone refuses two values for one key), and any other key given twice takes the command
     line's value."""
-    from agent_r1.train.slurm import merge_overrides, sweep
+    from agent_r1.launch.slurm import merge_overrides, sweep
 
     assert merge_overrides(["+experiment=quickstart", "optim.lr=1e-5"], ["+experiment=webshop_steppo", "seed=3"]) == [
         "+experiment=webshop_steppo", "optim.lr=1e-5", "seed=3"]  # fmt: skip

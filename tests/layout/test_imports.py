@@ -113,3 +113,16 @@ def test_folders_import_only_the_layers_below():
             if dst != src and dst != "errors" and dst not in ALLOWED[src]:
                 bad.append(f"{m} -> {t}")
     assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_training_never_imports_launching_or_the_commands():
+    """train/ (loop, learner, coordinator, worker) is below launch/ (launchers, Slurm, roles,
+    preflight, plan), which is below commands/ and cli.py."""
+    below = {"train": {"launch", "commands", "cli"}, "launch": {"commands", "cli"}}
+    bad = [
+        f"{m} -> {t}"
+        for m, targets in import_graph().items()
+        for t in targets
+        if m.count(".") and t.count(".") and t.split(".")[1] in below.get(m.split(".")[1], ())
+    ]
+    assert not bad, "\n".join(bad)

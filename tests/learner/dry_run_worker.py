@@ -23,10 +23,10 @@ def real(overrides: list[str]) -> dict:
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
+    from agent_r1.launch.plan import StagePlan, measure_update, planned_config
     from agent_r1.learner import cpu_compat
     from agent_r1.learner.dry_run import MemoryTracker
     from agent_r1.train.learner import Learner
-    from agent_r1.train.plan import StagePlan, measure_update, planned_config
 
     cfg, hf_config, _ = planned_config(overrides)
     with socket.socket() as s:
@@ -46,9 +46,9 @@ def planted(overrides: list[str], what: str) -> dict:
     import torch.distributed as dist
 
     from agent_r1.algos import losses
+    from agent_r1.launch.plan import plan_stage
     from agent_r1.learner import actor
     from agent_r1.train import learner
-    from agent_r1.train.plan import plan_stage
 
     if what == "plant_cpu_tensor":
         inner = losses.policy_loss
@@ -76,7 +76,7 @@ def main() -> None:
         if mode == "real":
             result = real(overrides)
         elif mode == "dry":
-            from agent_r1.train.plan import plan_stage
+            from agent_r1.launch.plan import plan_stage
 
             result = dataclasses.asdict(plan_stage(overrides, 0, fused_kernels=False))
         else:

@@ -46,7 +46,7 @@ def test_helper_names_that_would_clash_are_refused(name):
 
 
 def test_helpers_get_a_role_on_the_rollout_nodes(tmp_path):
-    from agent_r1.train.slurm import render_job
+    from agent_r1.launch.slurm import render_job
 
     cfg = load_config(["+experiment=qwen3_4b_paper_search_pspo_4n8g", f"trainer.run_dir={tmp_path}/run"])
     assert cfg.recipe.env["selector"] == "llm" and set(helper_models(cfg)) == {"selector"}

@@ -122,8 +122,8 @@ def test_search_presets_resolve_to_the_seed_definitions():
 
 @pytest.mark.parametrize("preset", ["qwen3_4b_hotpotqa_steppo_4n8g", "qwen3_4b_paper_search_pspo_4n8g"])
 def test_cluster_search_presets_place_the_retriever_on_the_rollout_nodes(preset, tmp_path):
+    from agent_r1.launch.slurm import render_job
     from agent_r1.train.run_dir import RunDir
-    from agent_r1.train.slurm import render_job
 
     cfg = load_config([f"+experiment={preset}", f"trainer.run_dir={tmp_path}/run"])
     script = render_job(cfg, RunDir.at(tmp_path / "run").create())

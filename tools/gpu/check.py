@@ -271,9 +271,9 @@ def plan_vs_gpu(c: Ctx) -> dict:
     where this machine may run the local spec's)."""
     if c.device.type != "cuda":
         return {"ok": True, "skipped": "needs a GPU (the dry run itself is tested on the CPU)"}
+    from agent_r1.launch.plan import StagePlan, measure_update
     from agent_r1.train.config import load_config
     from agent_r1.train.learner import Learner
-    from agent_r1.train.plan import StagePlan, measure_update
 
     overrides = [f"model.path={c.model_dir}", "model.build=null", f"model.dtype={c.dtype}", *PLAN_OVERRIDES]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))

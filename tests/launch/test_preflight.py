@@ -12,8 +12,8 @@ import pytest
 
 from agent_r1.agent.flow import FlowConfig
 from agent_r1.data.rows import DataRow
+from agent_r1.launch.preflight import _check_rows, model_problems
 from agent_r1.train.config import load_config
-from agent_r1.train.preflight import _check_rows, model_problems
 
 
 def _train(*args: str) -> tuple[subprocess.CompletedProcess, float]:
@@ -159,7 +159,7 @@ def test_prompts_longer_than_the_budget_are_refused(codec):
     ],
 )
 def test_missing_index_is_refused_naming_the_command(overrides, msg):
-    from agent_r1.train.preflight import retrieval_problems
+    from agent_r1.launch.preflight import retrieval_problems
 
     assert retrieval_problems(load_config(["+experiment=hotpotqa_steppo", *overrides])) == [msg]
     assert retrieval_problems(load_config(["+experiment=hotpotqa_steppo"])) == []  # built when missing

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_r1.errors import AgentR1Error
-from agent_r1.rollout.served import helper_models
+from agent_r1.launch.roles import run_roles
 from agent_r1.train.config import ConfigError, TrainConfig, load_config
 from agent_r1.train.run_dir import RunDir, RunLock
 
@@ -163,30 +163,16 @@ def render_job(
         learn_group = None if lay.colocated else 0
         roll_place = learn_place = []
     gpu_opt = ["--gpus-per-task=1"] if c.gpus_per_node else []
-    server_gpus = cfg.rollout.sglang.tp if cfg.rollout.engine == "sglang" else 1
-    server_opt = [f"--gpus-per-task={server_gpus}"] if c.gpus_per_node else []
-    rollout_roles = [("server", lay.servers, server_opt, []), ("worker", lay.workers, [], [])]
-    for helper in helper_models(cfg):  # the OPD teacher, an LLM judge, a summariser: a GPU each
-        rollout_roles.append((helper, 1, gpu_opt, ["--index", "0"]))
-    if cfg.rollout.router:  # first: servers register with it as they come up
-        rollout_roles.insert(0, ("router", 1, [], ["--index", "0"]))
-    if cfg.retrieval.index and cfg.retrieval.serve:  # the workers' shared index, on a rollout node
-        rollout_roles.insert(0, ("retriever", 1, [], ["--index", "0"]))
-    if cfg.rollout.env_server:  # the recipe's environment service, on a rollout node
-        rollout_roles.insert(0, ("env_server", 1, [], ["--index", "0"]))
     # rollout roles are supervised in their step: one that dies is restarted in place
-    steps = [
-        _srun(
-            cfg,
-            roll_group,
-            n,
-            min(roll_nodes, n),
-            [*py, "role", role, "--run-dir", run, *idx, "--supervise"],
-            [*roll_place, *opts],
-        )
-        + " &"
-        for role, n, opts, idx in rollout_roles
-    ]
+    steps = []
+    for spec in run_roles(cfg):
+        if spec.learner:
+            continue
+        n = spec.count(cfg)
+        opts = [f"--gpus-per-task={spec.gpus(cfg)}"] if c.gpus_per_node and spec.gpus(cfg) else []
+        idx = ["--index", "0"] if spec.single else []
+        cmd = [*py, "role", spec.name, "--run-dir", run, *idx, "--supervise"]
+        steps.append(_srun(cfg, roll_group, n, min(roll_nodes, n), cmd, [*roll_place, *opts]) + " &")
     learner = _srun(
         cfg,
         learn_group,
@@ -234,7 +220,7 @@ def sbatch(script: Path) -> str:
 def launch(overrides: list[str], dry_run: bool = False, plan: bool = True) -> dict[str, Any]:
     """``agent-r1 launch``: validate, prepare the run directory, render, plan (a GPU cluster's
     learner and rollout memory, ``agent-r1 plan``; refused when it does not fit), submit."""
-    from agent_r1.train.launcher import default_run_dir, prepare_run
+    from agent_r1.launch.launcher import default_run_dir, prepare_run
 
     cfg = load_config(overrides)
     if cfg.cluster.launcher != "slurm":
@@ -247,8 +233,8 @@ def launch(overrides: list[str], dry_run: bool = False, plan: bool = True) -> di
         return {"script": script, "run_dir": str(rd.root)}
     planned = None
     if plan and cfg.cluster.gpus_per_node > 0:
-        from agent_r1.train.plan import PlanError
-        from agent_r1.train.plan import plan as dry_run_plan
+        from agent_r1.launch.plan import PlanError
+        from agent_r1.launch.plan import plan as dry_run_plan
 
         planned = dry_run_plan(list(overrides))
         if not planned.fits:
@@ -394,7 +380,7 @@ def sweep(
             "tasks": [{k: v for k, v in t.items() if k != "cfg"} for t in tasks],
             "sweep_dir": str(sweep_dir),
         }
-    from agent_r1.train.launcher import prepare_run
+    from agent_r1.launch.launcher import prepare_run
 
     for t in tasks:
         if "job" in t:  # prepared like `agent-r1 launch` prepares a run
@@ -418,7 +404,7 @@ def sweep(
 
 def sweep_task(sweep_json: str | Path, index: int) -> int:
     """One array task: its overrides, its own run directory, all roles on its node."""
-    from agent_r1.train.launcher import train_local
+    from agent_r1.launch.launcher import train_local
 
     spec = json.loads(Path(sweep_json).read_text())
     args = spec["tasks"][index]["args"]

@@ -22,10 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from agent_r1.errors import AgentR1Error, UsageError
+from agent_r1.launch.roles import (
+    RoleSpec,
+    quiet_progress_bars_in_batch_logs,
+    role_command,
+    run_roles,
+    stale_addresses,
+)
 from agent_r1.process import die_with_parent
-from agent_r1.rollout.served import helper_models
 from agent_r1.train.config import TrainConfig, to_yaml
-from agent_r1.train.roles import quiet_progress_bars_in_batch_logs, role_command
 from agent_r1.train.run_dir import RunDir, RunLock, atomic_write_json
 
 log = logging.getLogger("agent_r1.launcher")
@@ -38,8 +43,8 @@ def default_run_dir(cfg: TrainConfig) -> Path:
 def prepare_run(cfg: TrainConfig, local: bool = True) -> RunDir:
     """Check what can be checked before any process (``preflight``), create the run directory,
     build the preset's tiny model if asked to, check the data rows, write the resolved config."""
+    from agent_r1.launch.preflight import data_problems, model_problems, raise_problems, retrieval_problems
     from agent_r1.records.shard import iteration_dir
-    from agent_r1.train.preflight import data_problems, model_problems, raise_problems, retrieval_problems
 
     raise_problems(model_problems(cfg, local) + retrieval_problems(cfg))
     rd = RunDir.at(default_run_dir(cfg)).create()
@@ -122,6 +127,7 @@ class Proc:
     popen: subprocess.Popen | None = None
     restarts: int = 0
     log_file: Any = field(default=None, repr=False)
+    published: Path | None = None  # the address it publishes (removed when it is restarted)
 
     def start(self) -> None:
         die_with_me = die_with_parent()  # a killed launcher leaves no role behind
@@ -178,10 +184,11 @@ class LocalLauncher:
         self.base_env = base
         self.threads = threads_per_learner
 
-    def add(self, name: str, role: str, index: int | None, restartable: bool, extra_env=None, console=False):
+    def add(self, spec: RoleSpec, name: str, index: int | None, extra_env=None, console=False):
         env = dict(self.base_env, **(extra_env or {}))
-        cmd = role_command(role, self.rd.root, index)
-        self.procs.append(Proc(name, cmd, env, self.rd.logs / f"{name}.out", restartable, console))
+        cmd = role_command(spec.name, self.rd.root, index)
+        log_path, published = self.rd.logs / f"{name}.out", spec.published(self.rd, name)
+        self.procs.append(Proc(name, cmd, env, log_path, not spec.learner, console, published=published))
 
     def start(self) -> None:
         cfg = self.cfg
@@ -190,43 +197,29 @@ class LocalLauncher:
             self.rd.control / "launch.json",
             {"launch_id": self.launch, "time": time.time(), "launcher": "local"},
         )
-        helpers = helper_models(cfg)
-        folders = [self.rd.servers] + [self.rd.helper_dir(h) for h in helpers]
-        for stale in [p for d in folders for p in d.glob("*.json")]:
-            stale.unlink()  # addresses of a previous launch
-        self.rd.router_file.unlink(missing_ok=True)
-        self.rd.shutdown_flag.unlink(missing_ok=True)
-        self.rd.retriever_file.unlink(missing_ok=True)
-        if cfg.rollout.router:
-            self.add("router_0", "router", 0, restartable=True)
-        if cfg.retrieval.index and cfg.retrieval.serve:
-            self.add("retriever_0", "retriever", 0, restartable=True)
-        self.rd.env_server_file.unlink(missing_ok=True)
-        if cfg.rollout.env_server:
-            self.add("env_server_0", "env_server", 0, restartable=True)
-        if cfg.rollout.engine == "embedded":
-            for i in range(cfg.rollout.servers):
-                self.add(f"server_{i}", "server", i, restartable=True)
-        elif cfg.rollout.engine == "external":
-            for i, url in enumerate(cfg.rollout.urls):
-                atomic_write_json(self.rd.servers / f"external_{i}.json", {"url": url})
-        else:
+        if cfg.rollout.engine == "sglang":
             raise UsageError(
                 "rollout.engine=sglang needs GPU nodes: use `agent-r1 launch` on a Slurm cluster"
             )
-        for h in helpers:  # the OPD teacher, an LLM judge, a summariser: one server each
-            self.add(f"{h}_0", h, 0, restartable=True)
-        for i in range(cfg.rollout.workers):
-            self.add(f"worker_{i}", "worker", i, restartable=True)
-        world = cfg.parallel.learner_ranks
-        for r in range(world):
-            env = {
-                "AGENT_R1_RANK": str(r),
-                "AGENT_R1_WORLD": str(world),
-                "AGENT_R1_LOCAL_RANK": str(r),
-                "AGENT_R1_THREADS": str(self.threads),
-            }
-            self.add(f"learner_{r}", "learner", None, restartable=False, extra_env=env, console=r == 0)
+        for stale in stale_addresses(cfg, self.rd):
+            stale.unlink(missing_ok=True)  # addresses of a previous launch
+        self.rd.shutdown_flag.unlink(missing_ok=True)
+        if cfg.rollout.engine == "external":
+            for i, url in enumerate(cfg.rollout.urls):
+                atomic_write_json(self.rd.servers / f"external_{i}.json", {"url": url})
+        for spec in run_roles(cfg):
+            n = spec.count(cfg)
+            for i in range(n):
+                if not spec.learner:
+                    self.add(spec, f"{spec.name}_{i}", i)
+                    continue
+                env = {
+                    "AGENT_R1_RANK": str(i),
+                    "AGENT_R1_WORLD": str(n),
+                    "AGENT_R1_LOCAL_RANK": str(i),
+                    "AGENT_R1_THREADS": str(self.threads),
+                }
+                self.add(spec, f"{spec.name}_{i}", None, extra_env=env, console=i == 0)
         for p in self.procs:
             p.start()
         log.info("started %s (logs in %s)", ", ".join(p.name for p in self.procs), self.rd.logs)
@@ -265,12 +258,8 @@ class LocalLauncher:
                     log.warning(
                         "%s exited with %s; restarting it (%d)", p.name, p.popen.returncode, p.restarts
                     )
-                    (self.rd.servers / f"{p.name}.json").unlink(missing_ok=True)
-                    (self.rd.helper_dir(p.name.rpartition("_")[0]) / f"{p.name}.json").unlink(missing_ok=True)
-                    if p.name.startswith("router_"):
-                        self.rd.router_file.unlink(missing_ok=True)
-                    if p.name.startswith("env_server_"):
-                        self.rd.env_server_file.unlink(missing_ok=True)
+                    if p.published is not None:  # its address is dead; the new one publishes anew
+                        p.published.unlink(missing_ok=True)
                     p.start()
             time.sleep(poll_s)
 

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,14 +95,188 @@ def _file_logging(rd: RunDir, name: str) -> None:
     root.addHandler(h)
 
 
+@dataclass(frozen=True)
+class RoleRun:
+    """What a role's body gets: the run, this process's place in it, its name (``server_0``)."""
+
+    cfg: Any
+    rd: RunDir
+    env: RoleEnv
+    index: int
+    name: str
+    role: str
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """One kind of process a run starts. Both launchers (local processes, Slurm job steps) and
+    ``agent-r1 role`` read these; adding a role is one entry of ``ROLES``."""
+
+    name: str
+    count: Callable[[Any], int]  # how many this run starts (0: none)
+    run: Callable[[RoleRun], int]  # the body, in the role's own process
+    # where its instances publish their address: a folder of NAME_i.json, or one file (stale at
+    # launch and when an instance is restarted); None: nothing published
+    publishes: Callable[[RunDir, str], Path] | None = None
+    gpus: Callable[[Any], int] = lambda cfg: 0  # per task, on a cluster with GPUs
+    single: bool = False  # one instance, index 0 (no rank from the launcher)
+    learner: bool = False  # the learner ranks: not restarted, placed on the learner nodes
+
+    def published(self, rd: RunDir, instance: str) -> Path | None:
+        """The file instance ``instance`` (``server_0``) publishes, if any."""
+        if self.publishes is None:
+            return None
+        where = self.publishes(rd, self.name)
+        return where / f"{instance}.json" if where.suffix != ".json" else where
+
+    def stale(self, rd: RunDir) -> list[Path]:
+        """Addresses a previous launch left (every instance's)."""
+        if self.publishes is None:
+            return []
+        where = self.publishes(rd, self.name)
+        return list(where.glob("*.json")) if where.suffix != ".json" else [where]
+
+
+def _serve_model(r: RoleRun) -> int:
+    """A policy server (``server``) or a helper model's server: the embedded engine or SGLang."""
+    from agent_r1.rollout.server import serve
+
+    cfg, rd = r.cfg, r.rd
+    folder = rd.servers if r.role == "server" else rd.helper_dir(r.role)
+    model = cfg.model.path if r.role == "server" else helper_models(cfg)[r.role]
+    if cfg.rollout.engine == "sglang":
+        from agent_r1.rollout.sglang import run_sglang
+
+        return run_sglang(
+            model,
+            r.env.address,
+            folder / f"{r.name}.json",
+            rd.logs / f"{r.name}.sglang.log",
+            cfg.model.max_len,
+            cfg.model.dtype,
+            cfg.rollout.sglang,
+            cfg.rollout.ready_timeout_s,
+            rd.api_key(),
+            stop_when=lambda: rd.shutdown_flag.exists(),
+        )
+    serve(
+        model,
+        r.env.address,
+        0,
+        str(folder / f"{r.name}.json"),
+        dtype=cfg.model.dtype,
+        max_len=cfg.model.max_len,
+        threads=cfg.rollout.server_cpus,
+        api_key=rd.api_key(),
+        strict=True,  # the run uses only what real SGLang serves
+        stop_when=lambda: rd.shutdown_flag.exists(),
+        on_ready=_join_router(cfg, rd) if r.role == "server" else None,
+    )
+    return 0
+
+
+def _router(r: RoleRun) -> int:
+    from agent_r1.rollout.router import run_router
+
+    c = r.cfg.rollout
+    return run_router(
+        r.env.address,
+        r.rd.router_file,
+        r.rd.logs / f"{r.name}.router.log",
+        c.router_policy,
+        r.rd.api_key(),
+        c.ready_timeout_s,
+        stop_when=lambda: r.rd.shutdown_flag.exists(),
+    )
+
+
+def _retriever(r: RoleRun) -> int:
+    from agent_r1.retrieval.server import serve_retriever
+
+    c = r.cfg.retrieval
+    return serve_retriever(
+        c.index, r.env.address, 0, r.rd.retriever_file, r.rd.api_key(), c.mode,
+        stop_when=lambda: r.rd.shutdown_flag.exists(),
+    )  # fmt: skip
+
+
+def _env_server(r: RoleRun) -> int:
+    from agent_r1.train.env_server import serve_env
+
+    return serve_env(
+        r.cfg, r.env.address, 0, r.rd.env_server_file, r.rd.api_key(), lambda: r.rd.shutdown_flag.exists()
+    )
+
+
+def _worker(r: RoleRun) -> int:
+    import torch
+
+    from agent_r1.train.worker import Worker
+
+    torch.set_num_threads(1)
+    Worker(r.cfg, r.rd, r.index).serve_forever()
+    return 0
+
+
+def _server_gpus(cfg: Any) -> int:
+    return cfg.rollout.sglang.tp if cfg.rollout.engine == "sglang" else 1
+
+
+# in start order: the services workers and servers need come up first (servers join the router)
+ROLES: tuple[RoleSpec, ...] = (
+    RoleSpec("env_server", lambda c: int(c.rollout.env_server), _env_server,
+             publishes=lambda rd, _: rd.env_server_file, single=True),
+    RoleSpec("retriever", lambda c: int(bool(c.retrieval.index and c.retrieval.serve)), _retriever,
+             publishes=lambda rd, _: rd.retriever_file, single=True),
+    RoleSpec("router", lambda c: int(c.rollout.router), _router, publishes=lambda rd, _: rd.router_file, single=True),
+    RoleSpec("server", lambda c: c.rollout.servers if c.rollout.engine != "external" else 0, _serve_model,
+             publishes=lambda rd, _: rd.servers, gpus=_server_gpus),
+    RoleSpec("worker", lambda c: c.rollout.workers, _worker),
+    RoleSpec("learner", lambda c: c.parallel.learner_ranks, lambda r: _learner(r.cfg, r.rd, r.env),
+             gpus=lambda c: 1, learner=True),
+)  # fmt: skip
+
+
+def helper_role(name: str) -> RoleSpec:
+    """The server of a helper model (the OPD teacher, an LLM judge, a summariser): one GPU each."""
+    return RoleSpec(name, lambda c: int(name in helper_models(c)), _serve_model,
+                    publishes=lambda rd, n: rd.helper_dir(n), gpus=lambda c: 1, single=True)  # fmt: skip
+
+
+def run_roles(cfg: Any) -> list[RoleSpec]:
+    """The roles this run starts, in start order (helper models right after the policy servers)."""
+    specs: list[RoleSpec] = []
+    for s in ROLES:
+        specs.append(s)
+        if s.name == "server":  # what the workers ask besides the policy: up before them
+            specs += [helper_role(h) for h in helper_models(cfg)]
+    return [s for s in specs if s.count(cfg) > 0]
+
+
+def stale_addresses(cfg: Any, rd: RunDir) -> list[Path]:
+    """Addresses a previous launch of the run may have left, of every role (run now or not)."""
+    return [p for spec in (*ROLES, *run_roles(cfg)) for p in spec.stale(rd)]
+
+
+def role_spec(cfg: Any, role: str) -> RoleSpec:
+    for s in ROLES:
+        if s.name == role:
+            return s
+    if role in helper_models(cfg):
+        return helper_role(role)
+    known = ", ".join([s.name for s in ROLES] + list(helper_models(cfg)))
+    raise ValueError(f"unknown role {role!r} in this run: {known}")
+
+
 def run_role(role: str, run_dir: str, index: int | None = None) -> int:
-    """``agent-r1 role learner|server|worker|router|retriever|HELPER --run-dir D`` (``HELPER``: a
-    helper model of the run, e.g. ``teacher`` or ``selector``)."""
+    """``agent-r1 role ROLE --run-dir D``: one of ``ROLES`` or a helper model of the run (e.g.
+    ``teacher`` or ``selector``)."""
     from agent_r1.logging import setup_logging
     from agent_r1.train.config import from_yaml
 
     rd = RunDir.at(run_dir)
     cfg = from_yaml(rd.config)
+    spec = role_spec(cfg, role)
     env = detect()
     idx = env.rank if index is None else index
     name = f"{role}_{idx}"
@@ -119,7 +294,7 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
             "launch_id": env.launch_id,
         },
     )
-    if role == "learner":
+    if spec.learner:
         import warnings
 
         # Megatron announces its CPU fallbacks once per module; torch deprecations inside Megatron
@@ -127,88 +302,13 @@ def run_role(role: str, run_dir: str, index: int | None = None) -> int:
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", message=".*cuda_graph_scope.*")
         warnings.filterwarnings("ignore", message=".*non-leaf Tensor.*")
-        return _learner(cfg, rd, env)
-    if os.environ.get("AGENT_R1_LAUNCHER") == "local":
+    elif os.environ.get("AGENT_R1_LAUNCHER") == "local":
         import signal
 
         # Ctrl-C reaches the whole process group: the launcher turns it into a stop request and
         # stops servers and workers itself once the learners have checkpointed
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    helpers = helper_models(cfg)
-    if role == "server" or role in helpers:
-        from agent_r1.rollout.server import serve
-
-        folder = rd.servers if role == "server" else rd.helper_dir(role)
-        model = cfg.model.path if role == "server" else helpers[role]
-        if cfg.rollout.engine == "sglang":
-            from agent_r1.rollout.sglang import run_sglang
-
-            return run_sglang(
-                model,
-                env.address,
-                folder / f"{name}.json",
-                rd.logs / f"{name}.sglang.log",
-                cfg.model.max_len,
-                cfg.model.dtype,
-                cfg.rollout.sglang,
-                cfg.rollout.ready_timeout_s,
-                rd.api_key(),
-                stop_when=lambda: rd.shutdown_flag.exists(),
-            )
-        serve(
-            model,
-            env.address,
-            0,
-            str(folder / f"{name}.json"),
-            dtype=cfg.model.dtype,
-            max_len=cfg.model.max_len,
-            threads=cfg.rollout.server_cpus,
-            api_key=rd.api_key(),
-            strict=True,  # the run uses only what real SGLang serves
-            stop_when=lambda: rd.shutdown_flag.exists(),
-            on_ready=_join_router(cfg, rd) if role == "server" else None,
-        )
-        return 0
-    if role == "router":
-        from agent_r1.rollout.router import run_router
-
-        return run_router(
-            env.address,
-            rd.router_file,
-            rd.logs / f"{name}.router.log",
-            cfg.rollout.router_policy,
-            rd.api_key(),
-            cfg.rollout.ready_timeout_s,
-            stop_when=lambda: rd.shutdown_flag.exists(),
-        )
-    if role == "retriever":
-        from agent_r1.retrieval.server import serve_retriever
-
-        return serve_retriever(
-            cfg.retrieval.index,
-            env.address,
-            0,
-            rd.retriever_file,
-            rd.api_key(),
-            cfg.retrieval.mode,
-            stop_when=lambda: rd.shutdown_flag.exists(),
-        )
-    if role == "env_server":
-        from agent_r1.train.env_server import serve_env
-
-        return serve_env(
-            cfg, env.address, 0, rd.env_server_file, rd.api_key(), lambda: rd.shutdown_flag.exists()
-        )
-    if role == "worker":
-        import torch
-
-        from agent_r1.train.worker import Worker
-
-        torch.set_num_threads(1)
-        Worker(cfg, rd, idx).serve_forever()
-        return 0
-    known = ", ".join(["learner", "server", "worker", "router", "retriever", "env_server", *helpers])
-    raise ValueError(f"unknown role {role!r} in this run: {known}")
+    return spec.run(RoleRun(cfg, rd, env, idx, name, role))
 
 
 def _join_router(cfg: Any, rd: RunDir):
@@ -273,8 +373,10 @@ def supervise(role: str, run_dir: str, index: int | None = None, max_restarts: i
 
     from agent_r1.logging import setup_logging
     from agent_r1.process import die_with_parent
+    from agent_r1.train.config import from_yaml
 
     rd = RunDir.at(run_dir)
+    spec = role_spec(from_yaml(rd.config), role)
     name = f"{role}_{detect().rank if index is None else index}"
     setup_logging(f"{name} supervisor")
     stop = {"sig": None}
@@ -297,9 +399,9 @@ def supervise(role: str, run_dir: str, index: int | None = None, max_restarts: i
         if restarts > max_restarts:
             log.error("%s died %d times (last exit %s): giving up", name, restarts, rc)
             return rc
-        # its address is dead; the replacement publishes anew
-        (rd.servers / f"{name}.json").unlink(missing_ok=True)
-        (rd.helper_dir(role) / f"{name}.json").unlink(missing_ok=True)
+        published = spec.published(rd, name)
+        if published is not None:  # its address is dead; the replacement publishes anew
+            published.unlink(missing_ok=True)
         delay = min(2 ** (restarts - 1), 30)
         log.warning(
             "%s exited with %s; restarting it in %d s (%d/%d)", name, rc, delay, restarts, max_restarts
