@@ -19,7 +19,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 SLOW = (
     "e2e/",
     "launch/test_plan.py",
-    "launch/test_preflight.py",
     "learner/",
 )
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 
 from agent_r1.models.tiny import ARCHS, build_tiny_model
-from agent_r1.tools import TOOLS
 from recipes import RECIPES, load_recipe
 
 
@@ -36,11 +35,11 @@ def main() -> None:
         "--split-digits", action="store_true", help="one token per digit (as Qwen2 tokenizes numbers)"
     )
     a = ap.parse_args()
-    texts = load_recipe(a.recipe).corpus()
+    recipe = load_recipe(a.recipe)
     out = build_tiny_model(
         a.out,
-        texts,
-        [TOOLS.get("calculator")().schema],
+        recipe.corpus(),
+        recipe.tool_schemas(),
         a.arch,
         a.vocab_size,
         a.hidden,

@@ -72,7 +72,6 @@ def ensure_model(cfg: TrainConfig) -> None:
     if cfg.model.build is None:
         raise AgentR1Error(f"model.path {path} has no config.json (and model.build is not set)")
     from agent_r1.models.tiny import build_tiny_model
-    from agent_r1.tools import TOOLS
     from recipes import load_recipe
 
     b = cfg.model.build
@@ -81,7 +80,7 @@ def ensure_model(cfg: TrainConfig) -> None:
     build_tiny_model(
         path,
         recipe.corpus(),
-        [TOOLS.get(t)().schema for t in getattr(recipe, "TOOLS", ["calculator"])],
+        recipe.tool_schemas(),
         b.arch,
         b.vocab_size,
         b.hidden,

@@ -212,13 +212,13 @@ def retrieval_problems(cfg: TrainConfig) -> list[str]:
     recipe = load_recipe(cfg.recipe.name)
     r = cfg.retrieval
     if not r.index:
-        if "search" in getattr(recipe, "TOOLS", ()):
+        if "search" in recipe.tools:
             return [f"recipe {cfg.recipe.name} searches: set retrieval.index=DIR (built when missing)"]
         return []
     meta = read_meta(r.index)
     if meta is None and not r.build:
         return [f"retrieval.index={r.index} does not exist and retrieval.build=false; {build_hint(r.index)}"]
-    if meta is None and not hasattr(recipe, "passages"):
+    if meta is None and recipe.passages is None:
         return [
             f"retrieval.index={r.index} does not exist and recipe {cfg.recipe.name} has no passages to build it from; {build_hint(r.index)}"
         ]

@@ -1,11 +1,10 @@
 """A recipe's environment as a service of the run (``rollout.env_server``): the launchers start
 one ``env_server`` role (restarted when it dies, on a rollout node under Slurm) from the recipe's
 ``server.serve``; every worker's environments and the warm start talk to it through the recipe's
-``env.use_env_server``. Rows get the environment option ``server: run``."""
+``use_env_server`` (the ``Recipe`` protocol). Rows get the environment option ``server: run``."""
 
 from __future__ import annotations
 
-import importlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -14,12 +13,9 @@ log = logging.getLogger(__name__)
 
 
 def recipe_server(name: str) -> Any:
-    try:
-        return importlib.import_module(f"recipes.{name}.server")
-    except ModuleNotFoundError:
-        raise ValueError(
-            f"rollout.env_server: recipe {name} has no environment service (recipes/{name}/server.py)"
-        ) from None
+    from recipes import load_recipe
+
+    return load_recipe(name).server()
 
 
 def serve_env(cfg: Any, host: str, port: int, ready_file: Path, api_key: str | None, stop_when: Any) -> int:
@@ -36,8 +32,9 @@ def use_pending_env_server(cfg: Any) -> None:
     """Preflight: environments are built against the server the run will start (nothing is asked
     of it before an episode's first action)."""
     if cfg.rollout.env_server:
-        recipe_server(cfg.recipe.name)  # a recipe without a service: the error names the key
-        importlib.import_module(f"recipes.{cfg.recipe.name}.env").use_env_server(PENDING, None)
+        from recipes import load_recipe
+
+        load_recipe(cfg.recipe.name).use_env_server(PENDING, None)
 
 
 def use_run_env_server(cfg: Any, rd: Any) -> None:
@@ -48,5 +45,7 @@ def use_run_env_server(cfg: Any, rd: Any) -> None:
 
     # sessions of a server that died fail over to env_error after their retries
     current = follow_published(rd.env_server_file, cfg.rollout.ready_timeout_s, "environment server")
-    importlib.import_module(f"recipes.{cfg.recipe.name}.env").use_env_server(current, rd.api_key())
+    from recipes import load_recipe
+
+    load_recipe(cfg.recipe.name).use_env_server(current, rd.api_key())
     log.info("environments use the run's %s server at %s", cfg.recipe.name, current())

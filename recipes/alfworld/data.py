@@ -16,9 +16,9 @@ import random
 from pathlib import Path
 from typing import Any
 
+from agent_r1.agent.demonstrations import Misstep
 from agent_r1.agent.tool_calls import format_tool_call
 from agent_r1.data.rows import DataRow
-from agent_r1.train.sft import Misstep
 from recipes.alfworld.games import SPLITS, TASK_TYPES, collect_games, data_root, offline_root
 
 AGENT = "alfworld"
@@ -232,8 +232,7 @@ def corpus(num: int = 48, seed: int = 0) -> list[str]:
     walkthroughs, the commands and the demonstrations' calls."""
     from agent_r1.agent.chat import render_message, render_system
     from agent_r1.tools import TOOLS as REGISTRY
-    from recipes.alfworld.env import render_page  # noqa: F401  (registers the tool)
-    from recipes.alfworld.world import World
+    from recipes.alfworld.world import World, render_page
 
     root = games_root(None, seed)
     texts: list[str] = []

@@ -31,7 +31,7 @@ from agent_r1.tools import TOOLS, ToolError, ToolOutput
 from agent_r1.tools.env_step import EnvStepTool
 from recipes.alfworld.data import AGENT, MAX_RECEPTACLES, SYSTEM, gamefile
 from recipes.alfworld.data import TOOLS as RECIPE_TOOLS
-from recipes.alfworld.world import POOL, State, World, split_intro
+from recipes.alfworld.world import POOL, State, World, render_page, split_intro
 
 MAX_STEPS_CAP = 50  # ALFWorld's own episode limit
 # one thread: the engines of a process never step concurrently (as before: TextWorld and the
@@ -44,18 +44,6 @@ LOAD_TIMEOUT_S = 120.0  # a game load (~0.25 s) waits this long for the engine t
 class AlfworldEnvStep(EnvStepTool):
     description = "Do one thing in the household: one of the admissible commands, exactly as listed."
     example = "e.g. go to fridge 1, take apple 1 from countertop 2, cool apple 1 with fridge 1"
-
-
-def render_page(state: State, task: str, actions: list[str], error: str | None = None,
-                observation: str | None = None) -> str:  # fmt: skip
-    """The observation text: task, current observation, numbered actions, admissible commands."""
-    lines = ["### Task", task, "### Current observation", observation or state.feedback]
-    if actions:
-        lines += ["### Actions so far", *(f"[{i}] {a}" for i, a in enumerate(actions, 1))]
-    if error:
-        lines += ["### Error", error]
-    lines += ["### Admissible commands", *(f"- {c}" for c in state.admissible)]
-    return "\n".join(lines)
 
 
 @ENVS.register("alfworld")

@@ -85,3 +85,15 @@ def split_intro(text: str) -> tuple[str, str]:
     body = text.split("-= Welcome to TextWorld, ALFRED! =-", 1)[-1].strip()
     room, _, task = body.rpartition("Your task is to: ")
     return room.strip(), task.strip().rstrip(".")
+
+
+def render_page(state: State, task: str, actions: list[str], error: str | None = None,
+                observation: str | None = None) -> str:  # fmt: skip
+    """The observation text: task, current observation, numbered actions, admissible commands."""
+    lines = ["### Task", task, "### Current observation", observation or state.feedback]
+    if actions:
+        lines += ["### Actions so far", *(f"[{i}] {a}" for i, a in enumerate(actions, 1))]
+    if error:
+        lines += ["### Error", error]
+    lines += ["### Admissible commands", *(f"- {c}" for c in state.admissible)]
+    return "\n".join(lines)

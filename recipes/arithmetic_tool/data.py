@@ -37,6 +37,8 @@ NAMES = [
 ]
 ITEMS = ["apples", "books", "coins", "stamps", "marbles", "pencils", "cards", "shells", "beads", "stickers"]
 
+TOOLS = ["calculator"]  # the tools its prompt shows
+
 
 @dataclass(frozen=True)
 class Problem:

@@ -17,6 +17,8 @@ AGENT = "gsm8k"
 INSTRUCTION = "Let's think step by step and put the final answer in \\boxed{}."
 SAMPLE = Path(__file__).with_name("problems.jsonl")
 
+TOOLS = []  # the tools its prompt shows
+
 
 def read_gsm8k(path: str | Path) -> list[dict[str, Any]]:
     """Problems from a GSM8K jsonl or parquet file, with ``ground_truth`` parsed from ``#### N``."""

@@ -8,6 +8,8 @@ from recipes.gsm8k.data import SAMPLE, problems_for, read_gsm8k, to_row
 AGENT = "gsm8k_tool"
 SYSTEM = "You are a math assistant. Use the calculator tool for arithmetic."
 
+TOOLS = ["calculator"]  # the tools its prompt shows
+
 
 def build_rows(
     split: str = "train", num: int | None = None, seed: int = 0, path: str | None = None

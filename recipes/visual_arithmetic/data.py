@@ -34,6 +34,8 @@ DIGIT_SEGMENTS = {
     5: "afgcd", 6: "afgedc", 7: "abc", 8: "abcdefg", 9: "abcdfg",
 }  # fmt: skip
 
+TOOLS = ["calculator"]  # the tools its prompt shows
+
 
 def render_number(n: int, rng: random.Random) -> bytes:
     """``n`` (10-99) as two seven-segment digits on a 56 x 56 PNG, jittered by ``rng``."""

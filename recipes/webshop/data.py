@@ -23,6 +23,7 @@ from recipes.webshop.catalog import (
     generate_catalog,
     load_goals,
 )
+from recipes.webshop.shop import PER_PAGE, Session, Shop
 
 AGENT = "webshop"
 TOOLS = ["env_step"]
@@ -94,7 +95,6 @@ def oracle(goal: Goal, shop: Any) -> list[str]:
     """The actions that buy a product fitting the goal with its options: search its kind and
     attributes, page to the first result that fits (the goal's own product when none shows),
     open it, choose the options, buy."""
-    from recipes.webshop.shop import PER_PAGE
 
     keywords = " ".join([goal.query, *goal.attributes])
     results = shop.engine.search(keywords)
@@ -116,14 +116,18 @@ def oracle(goal: Goal, shop: Any) -> list[str]:
     )  # fmt: skip
 
 
+@functools.lru_cache(maxsize=4)
+def shop_for(data: str | None, seed: int, human: bool, products: int = PRODUCTS_PER_KIND) -> Shop:
+    items, _, prices = catalog(data, seed, human, products)
+    return Shop(items, prices)
+
+
 def demonstrations(rows: list[DataRow], seed: int = 0, wrong_rate: float = 0.0,
                    option_noise: float = 0.0) -> list[list[str]]:  # fmt: skip
     """The oracle's purchases as env_step calls. A noisy shopper: with ``wrong_rate`` it buys the
     first search result instead (often another product: a low score); with ``option_noise`` it
     picks each option of the product it opens at random among the values the page shows (right by
     chance only: a lower option score)."""
-    from recipes.webshop.env import shop_for
-
     rng = random.Random(seed)
     out = []
     for row in rows:
@@ -161,7 +165,6 @@ def corpus(num: int = 0, seed: int = 0) -> list[str]:
     """Tokenizer texts: pages, instructions and the oracle's actions of the catalogue."""
     from agent_r1.agent.chat import render_message, render_system
     from agent_r1.tools import TOOLS as REGISTRY
-    from recipes.webshop.env import WebShopEnv, shop_for  # noqa: F401  (registers env_step)
 
     products, goals, _ = catalog(None, seed)
     shop = shop_for(None, seed, False)
@@ -172,7 +175,6 @@ def corpus(num: int = 0, seed: int = 0) -> list[str]:
     for row, demo in zip(rows, demonstrations(rows, seed), strict=True):
         texts.append(row.prompt[1]["content"])
         texts += demo
-    from recipes.webshop.shop import Session
 
     for g in goals[:20]:
         s = Session(g)

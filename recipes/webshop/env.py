@@ -15,7 +15,6 @@ launcher's ``env_webshop`` role; or a URL). A server that stays unreachable ends
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -27,17 +26,10 @@ from agent_r1.agent.types import Action, Observation, StepResult
 from agent_r1.tools import TOOLS, ToolError, ToolOutput
 from agent_r1.tools.env_step import EnvStepTool
 from recipes.webshop.catalog import Goal
-from recipes.webshop.data import AGENT, PRODUCTS_PER_KIND, SYSTEM, catalog
+from recipes.webshop.data import AGENT, PRODUCTS_PER_KIND, SYSTEM, shop_for
 from recipes.webshop.sessions import EnvServerError, LocalSession, RemoteSession
-from recipes.webshop.shop import Shop
 
 SUCCESS_REWARD, INVALID_PENALTY = 10.0, 0.1
-
-
-@functools.lru_cache(maxsize=4)
-def shop_for(data: str | None, seed: int, human: bool, products: int = PRODUCTS_PER_KIND) -> Shop:
-    items, _, prices = catalog(data, seed, human, products)
-    return Shop(items, prices)
 
 
 _ENV_SERVER: dict[str, Any] = {}  # the run's environment server: {"url": str | () -> str, "api_key": ...}

@@ -127,7 +127,7 @@ def serve(host: str = "127.0.0.1", port: int = 0, ready_file: str | Path | None 
     """Serve until SIGTERM / Ctrl-C / ``stop_when()``; ``ready_file`` gets ``{"url"}`` once serving.
     ``data`` / ``seed`` / ``human`` / ``products``: the catalogue (the recipe's options; others are
     ignored)."""
-    from recipes.webshop.env import shop_for
+    from recipes.webshop.data import shop_for
 
     shop = shop_for(data, seed, human, products)
 

@@ -6,16 +6,18 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[2] / "agent_r1"
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "agent_r1"
+PACKAGES = ("agent_r1", "recipes", "megatron_bridge")
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph() -> dict[str, set[str]]:
-    modules = {module_name(p): p for p in PKG.rglob("*.py")}
+def import_graph(packages: tuple[str, ...] = ("agent_r1",)) -> dict[str, set[str]]:
+    modules = {module_name(p): p for pkg in packages for p in (ROOT / pkg).rglob("*.py")}
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -72,8 +74,22 @@ def test_the_graph_sees_function_local_imports():
 
 
 def test_no_import_cycles_between_files():
-    cycle = find_cycle(import_graph())
+    """Across the package, the recipes and the Megatron bridge (imports inside functions included)."""
+    cycle = find_cycle(import_graph(PACKAGES))
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_recipes_import_no_layer_above_the_agent():
+    """A recipe is built on the agent layer and below: never on training, launching or commands."""
+    above = {"train", "launch", "commands", "cli"}
+    bad = [
+        f"{m} -> {t}"
+        for m, targets in import_graph(PACKAGES).items()
+        if m.startswith("recipes")
+        for t in targets
+        if t.startswith("agent_r1.") and t.split(".")[1] in above
+    ]
+    assert not bad, "\n".join(bad)
 
 
 # Which folders of agent_r1/ each folder may import (STYLE §4: imports point down). train/ wires

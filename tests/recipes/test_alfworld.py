@@ -21,7 +21,7 @@ from agent_r1.agent.tool_calls import format_tool_call  # noqa: E402
 from agent_r1.agent.types import SamplingParams  # noqa: E402
 from recipes import load_recipe  # noqa: E402
 
-D = load_recipe("alfworld")
+D = load_recipe("alfworld").data
 from recipes.alfworld import games as G  # noqa: E402
 
 SMALL = [12, 6, 6]  # offline games per split for these tests
@@ -242,7 +242,8 @@ def test_recovery_demonstrations_are_refused_masked_and_still_win(codec):
     masked (SFT does not imitate it), the expert's own steps are unchanged, and every game is won."""
     from types import SimpleNamespace
 
-    from agent_r1.train.sft import Misstep, demonstration_records
+    from agent_r1.agent.demonstrations import Misstep
+    from agent_r1.train.sft import demonstration_records
 
     rows = D.build_rows("train", None, 0, games=SMALL)
     opts = {"misstep_rate": 0.4, "expert": "handcoded", "max_steps": 20}

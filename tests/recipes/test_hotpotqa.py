@@ -20,7 +20,7 @@ from agent_r1.rewards.qa import exact_match, f1_score, normalize_answer
 from recipes import load_recipe
 from recipes.hotpotqa.loaders import DatasetError, dataset_passages, read_examples
 
-D = load_recipe("hotpotqa")
+D = load_recipe("hotpotqa").data
 
 
 # ---- answer normalisation (the official HotpotQA / SQuAD rules), hand-worked ----------------------

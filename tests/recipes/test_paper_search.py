@@ -18,7 +18,7 @@ from recipes import load_recipe
 from recipes.paper_search.graph import GraphError, load_graph, read_graph
 from recipes.paper_search.selector import SELECTORS
 
-D = load_recipe("paper_search")
+D = load_recipe("paper_search").data
 from recipes.paper_search.env import recall_f1  # noqa: E402  (after the recipe registered its parts)
 
 

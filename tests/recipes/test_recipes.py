@@ -15,7 +15,7 @@ from recipes import RECIPES, load_recipe
 
 def test_every_recipe_registers_its_agent_and_builds_rows():
     for name in RECIPES:
-        data = load_recipe(name)
+        data = load_recipe(name).data
         rows = data.build_rows(split="train", num=3, seed=1)
         assert len(rows) == 3 and all(r.agent_name in AGENTS for r in rows)
         assert all(r.reward_model["style"] in REWARDS for r in rows)
@@ -23,7 +23,7 @@ def test_every_recipe_registers_its_agent_and_builds_rows():
 
 
 def test_arithmetic_problems_are_exact_and_scale_with_difficulty():
-    data = load_recipe("arithmetic_tool")
+    data = load_recipe("arithmetic_tool").data
     rng = random.Random(3)
     for d in range(1, 7):
         for _ in range(100):
@@ -35,7 +35,7 @@ def test_arithmetic_problems_are_exact_and_scale_with_difficulty():
 
 
 def test_arithmetic_splits_are_disjoint_and_seeded():
-    data = load_recipe("arithmetic_tool")
+    data = load_recipe("arithmetic_tool").data
     a = [r.prompt[-1]["content"] for r in data.build_rows("train", 50, seed=0)]
     assert a == [r.prompt[-1]["content"] for r in data.build_rows("train", 50, seed=0)]
     assert not set(a) & {r.prompt[-1]["content"] for r in data.build_rows("test", 50, seed=0)}
@@ -43,7 +43,7 @@ def test_arithmetic_splits_are_disjoint_and_seeded():
 
 def test_arithmetic_demonstration_replays_to_full_reward(codec):
     """The recipe's demonstration, played through its own agent, env, calculator and reward."""
-    data = load_recipe("arithmetic_tool")
+    data = load_recipe("arithmetic_tool").data
     for row in data.build_rows("test", 5, seed=2, difficulty=3):
         p = data.Problem(
             row.prompt[-1]["content"], row.extra_info["expression"], int(row.reward_model["ground_truth"])
@@ -62,7 +62,7 @@ def test_arithmetic_demonstration_replays_to_full_reward(codec):
 
 
 def test_gsm8k_reader(tmp_path):
-    data = load_recipe("gsm8k")
+    data = load_recipe("gsm8k").data
     probs = data.read_gsm8k(data.SAMPLE)
     assert len(probs) >= 20 and all(p["ground_truth"].lstrip("-").isdigit() for p in probs)
     good = tmp_path / "test.jsonl"
@@ -80,10 +80,34 @@ def test_gsm8k_reader(tmp_path):
 
 
 def test_gsm8k_tool_episode_with_calculator(codec):
-    data = load_recipe("gsm8k_tool")
+    data = load_recipe("gsm8k_tool").data
     row = data.build_rows(num=1)[0]  # 3 packs x 12 pencils - 9 = 27
     from agent_r1.agent.tool_calls import format_tool_call
 
     policy = ScriptedPolicy(codec, [format_tool_call("calculator", {"expression": "3*12-9"}), "#### 27"])
     traj = asyncio.run(AGENTS.get("gsm8k_tool").build(policy, codec).run(row, "t", "g"))
     assert traj.steps[0].feedback.split("\n")[1] == "27" and traj.steps[-1].reward == 1.0
+
+
+def test_every_recipe_meets_the_protocol_and_a_broken_one_is_named():
+    import types
+
+    import pytest
+
+    from recipes import RECIPES, Recipe, RecipeError
+
+    for name in RECIPES:
+        r = load_recipe(name)
+        assert r.name == name and callable(r.build_rows) and callable(r.corpus)
+        assert all(isinstance(t, str) for t in r.tools) and len(r.tool_schemas()) == len(r.tools)
+    assert load_recipe("webshop").has_server and not load_recipe("gsm8k").has_server
+    assert load_recipe("gsm8k").demonstrations is None and load_recipe("hotpotqa").passages is not None
+    broken = types.ModuleType("data")
+    broken.build_rows = lambda **kw: []
+    with pytest.raises(RecipeError, match=r"recipes/mine/data.py: .* missing: corpus, TOOLS"):
+        Recipe.of("mine", broken)
+    broken.corpus, broken.TOOLS = (lambda: []), "calculator"
+    with pytest.raises(RecipeError, match="TOOLS must be a list of tool names, got 'calculator'"):
+        Recipe.of("mine", broken)
+    with pytest.raises(ValueError, match="rollout.env_server: recipe gsm8k has no environment service"):
+        load_recipe("gsm8k").server()

@@ -14,7 +14,7 @@ from agent_r1.tools.calculator import evaluate
 from agent_r1.vision.images import load_image
 from recipes import load_recipe
 
-data = load_recipe("visual_arithmetic")
+data = load_recipe("visual_arithmetic").data
 
 
 def _pixels(png: bytes):

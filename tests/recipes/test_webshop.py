@@ -17,7 +17,7 @@ from agent_r1.agent.tool_calls import format_tool_call
 from agent_r1.agent.types import SamplingParams
 from recipes import load_recipe
 
-D = load_recipe("webshop")
+D = load_recipe("webshop").data
 from recipes.webshop.catalog import CatalogError, Goal, human_goals, read_products, synthetic_goals  # noqa: E402
 from recipes.webshop.reward import get_reward, normalize_color  # noqa: E402
 from recipes.webshop.shop import Session, Shop  # noqa: E402
@@ -410,7 +410,7 @@ def _command(call: str) -> str:
 def test_option_noise_picks_values_the_page_shows():
     """``option_noise=1``: every option click is a value of the same option of the product the
     shopper opened (the instruction's one only by chance); the rest of the oracle's path stays."""
-    from recipes.webshop.env import shop_for
+    from recipes.webshop.data import shop_for
 
     rows = D.build_rows("train", 60, 0)
     good = [[_command(c) for c in d] for d in D.demonstrations(rows)]

@@ -19,9 +19,9 @@ from agent_r1.agent.flow import AGENTS, FlowConfig
 from agent_r1.agent.types import SamplingParams
 from recipes import load_recipe
 
-D = load_recipe("webshop")
+D = load_recipe("webshop").data
 from recipes.webshop.catalog import Goal  # noqa: E402
-from recipes.webshop.env import shop_for  # noqa: E402
+from recipes.webshop.data import shop_for  # noqa: E402
 from recipes.webshop.sessions import EnvServerError, LocalSession, RemoteSession  # noqa: E402
 
 

@@ -162,8 +162,8 @@ def test_worker_metrics_and_console_line():
 
 
 def test_demonstrator_rejects_extra_turns(codec):
+    from agent_r1.agent.demonstrations import Demonstrator
     from agent_r1.rollout.protocol import SamplingParams
-    from agent_r1.train.sft import Demonstrator
 
     d = Demonstrator(codec, {"t": ["hello"]})
     gen = d.session("t")

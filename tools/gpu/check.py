@@ -550,7 +550,7 @@ def vision_language(c: Ctx) -> dict:
     from megatron_bridge import BridgeConfig
     from recipes import load_recipe
 
-    data = load_recipe("visual_arithmetic")
+    data = load_recipe("visual_arithmetic").data
     d = build_tiny_model(c.tmp / "vl", data.corpus(300), arch="qwen2_vl", vocab_size=800, split_digits=True)
     codec = ChatCodec.load(str(d))
     image = load_image(data.render_number(47, random.Random(0)))
