@@ -8,6 +8,7 @@ names the file and line of anything that is not JSON, in the caller's error type
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,3 +48,14 @@ def _text(data: bytes, where: str, error: type[Exception]) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise error(f"{where}: not UTF-8 text (byte {e.start}: {data[e.start : e.start + 1]!r})") from None
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())

@@ -240,10 +240,9 @@ def run_chat(a: Any) -> int:
 
     load_all()
     tools = parse_tools(a.tools)
-    if a.index:
-        from agent_r1.retrieval import client as retrieval
+    from agent_r1.train.services import use_local_services
 
-        retrieval.set_default(retrieval.LocalRetriever(retrieval.open_index(a.index)))
+    use_local_services(a.index)
     with open_policy(a, Path(a.export_dir), announce=True) as policy:
         return chat_loop(a, policy, tools)
 

@@ -150,15 +150,12 @@ def run(a: Any) -> int:
 
 def run_eval(a: Any) -> dict[str, Any]:
     """The ``agent-r1 eval`` command: returns the metrics it wrote to ``OUT/metrics.json``."""
-    import asyncio
-
-    from agent_r1.agent.episodes import run_episodes
     from agent_r1.agent.flow import AGENTS
     from agent_r1.commands.policy import open_policy
     from agent_r1.data.rows import load_rows
     from agent_r1.records.schema import records_to_table
     from agent_r1.records.shard import finalize_iteration, write_shard
-    from agent_r1.retrieval import client as retrieval
+    from agent_r1.train.services import use_local_services
     from recipes import load_all, load_recipe
 
     load_all()
@@ -169,12 +166,7 @@ def run_eval(a: Any) -> dict[str, Any]:
         cfg, source = policy.cfg, policy.source
     out = Path(a.out) if a.out else default_out(a, source)
     out.mkdir(parents=True, exist_ok=True)
-    if getattr(a, "index", None):  # the search tools' index, in this process
-        retrieval.set_default(retrieval.LocalRetriever(retrieval.open_index(a.index)))
-    elif cfg is not None and cfg.retrieval.index:
-        retrieval.set_default(
-            retrieval.LocalRetriever(retrieval.open_index(cfg.retrieval.index, cfg.retrieval.mode))
-        )
+    use_local_services(a.index, cfg)  # the search tools' index, in this process
     recipe = a.recipe or (cfg.recipe.name if cfg is not None else "arithmetic_tool")
     split = a.split or "test"
     num = a.num or (cfg.recipe.test_size if cfg is not None else 64)
@@ -191,18 +183,9 @@ def run_eval(a: Any) -> dict[str, Any]:
     concurrency = cfg.rollout.max_concurrency if cfg is not None else 64
     t0 = time.time()
     with open_policy(a, exports) as policy:
-        client = policy.client()
-
-        async def go():
-            try:
-                return await run_episodes(
-                    rows, client, policy.codec, policy.episode.flow(policy.seed), a.n, id_prefix="eval",
-                    max_concurrency=concurrency, progress=not a.no_progress,
-                )  # fmt: skip
-            finally:
-                await client.close()
-
-        trajs = asyncio.run(go())
+        trajs = policy.run_episodes(
+            rows, a.n, id_prefix="eval", max_concurrency=concurrency, progress=not a.no_progress
+        )
     metrics = summarize(trajs, a.n, time.time() - t0)
     settings = {"recipe": recipe, "split": split, "num": num, "seed": policy.seed, **policy.episode.to_dict()}
     metrics.update(model=source, settings=settings, data=a.data or f"{recipe}:{split}")

@@ -228,9 +228,6 @@ def run(a: Any) -> int:
 
 
 def run_infer(a: Any) -> dict[str, Any]:
-    import asyncio
-
-    from agent_r1.agent.episodes import run_episodes
     from agent_r1.commands.policy import open_policy
     from recipes import load_all
 
@@ -239,10 +236,9 @@ def run_infer(a: Any) -> dict[str, Any]:
     out.parent.mkdir(parents=True, exist_ok=True)
     located = located_inputs(a.input, a.recipe, parse_tools(a.tools))
     rows = [row for _, row in located]
-    if getattr(a, "index", None):
-        from agent_r1.retrieval import client as retrieval
+    from agent_r1.train.services import use_local_services
 
-        retrieval.set_default(retrieval.LocalRetriever(retrieval.open_index(a.index)))
+    use_local_services(a.index)
     exports = out.parent / f"{out.stem}.models"
     with open_policy(a, exports, serve=False) as policy:  # checked first: a prompt too long starts nothing
         check_fits(located, policy.codec, policy.episode.max_obs_tokens)
@@ -252,27 +248,18 @@ def run_infer(a: Any) -> dict[str, Any]:
         log.info("resuming: %d of %d prompts already in %s", len(done), len(rows), out)
     t0 = time.time()
     with open_policy(a, exports, servers=a.servers) as policy:
-        client, codec, flow = policy.client(), policy.codec, policy.episode.flow(policy.seed)
-
-        async def go() -> None:
-            try:
-                for start in range(0, len(todo), a.chunk):
-                    idx = todo[start : start + a.chunk]
-                    trajs = await run_episodes(
-                        [rows[i] for i in idx], client, codec, flow, a.n, id_prefix="infer",
-                        max_concurrency=a.concurrency, progress=not a.no_progress,
-                    )  # fmt: skip
-                    lines = [
-                        episode_line(idx[k // a.n], rows[idx[k // a.n]], t, codec)
-                        for k, t in enumerate(trajs)
-                    ]
-                    with out.open("a", encoding="utf-8") as f:
-                        f.writelines(json.dumps(x, ensure_ascii=False) + "\n" for x in lines)
-                    log.info("%d / %d prompts done", len(done) + start + len(idx), len(rows))
-            finally:
-                await client.close()
-
-        asyncio.run(go())
+        for start in range(0, len(todo), a.chunk):
+            idx = todo[start : start + a.chunk]
+            trajs = policy.run_episodes(
+                [rows[i] for i in idx], a.n, id_prefix="infer", max_concurrency=a.concurrency,
+                progress=not a.no_progress,
+            )  # fmt: skip
+            lines = [
+                episode_line(idx[k // a.n], rows[idx[k // a.n]], t, policy.codec) for k, t in enumerate(trajs)
+            ]
+            with out.open("a", encoding="utf-8") as f:
+                f.writelines(json.dumps(x, ensure_ascii=False) + "\n" for x in lines)
+            log.info("%d / %d prompts done", len(done) + start + len(idx), len(rows))
     lines = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
     scored = [x for x in lines if x["success"] is not None]
     return {

@@ -148,6 +148,24 @@ class Policy:
     urls: list[str] = field(default_factory=list)
     api_key: str | None = None
 
+    def run_episodes(self, rows: list[Any], n: int, wait_s: float = 0.0, **kw: Any) -> list[Any]:
+        """``n`` episodes of each row against this policy's servers, under its episode settings
+        (``kw``: ``run_episodes``'s options); ``wait_s``: wait that long for the servers first."""
+        import asyncio
+
+        from agent_r1.agent.episodes import run_episodes
+
+        async def go() -> list[Any]:
+            client = self.client()
+            try:
+                if wait_s:
+                    await client.wait_ready(wait_s)
+                return await run_episodes(rows, client, self.codec, self.episode.flow(self.seed), n, **kw)
+            finally:
+                await client.close()
+
+        return asyncio.run(go())
+
     def client(self) -> Any:
         from agent_r1.rollout.client import RolloutClient
 

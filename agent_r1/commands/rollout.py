@@ -50,10 +50,9 @@ def run(a: argparse.Namespace) -> int:
     load_all()
     if a.hf and not a.model:
         raise SystemExit("agent-r1 rollout: --hf needs --model")
-    if a.index:
-        from agent_r1.retrieval import client as retrieval
+    from agent_r1.train.services import use_local_services
 
-        retrieval.set_default(retrieval.LocalRetriever(retrieval.open_index(a.index)))
+    use_local_services(a.index)
     with open_policy(a, Path("rollout_models"), serve=not a.hf) as policy:
         seed = policy.seed
         if a.data:
@@ -69,7 +68,10 @@ def run(a: argparse.Namespace) -> int:
             "transformers" if a.hf else " ".join(policy.urls),
             flow.sampling.temperature,
         )
-        trajs = asyncio.run(_episodes(a, policy, rows, flow))
+        if a.hf:
+            trajs = asyncio.run(_hf_episodes(a, policy, rows, flow))
+        else:
+            trajs = policy.run_episodes(rows, a.group_size, wait_s=120, progress=not a.no_progress)
     for i, t in enumerate(trajs):
         errors = sum(s.info.get("num_tool_errors", 0) for s in t.steps)
         last = t.steps[-1] if t.steps else None
@@ -102,19 +104,11 @@ def run(a: argparse.Namespace) -> int:
     return 0
 
 
-async def _episodes(a: argparse.Namespace, policy: Any, rows: list, flow: Any) -> list:
+async def _hf_episodes(a: argparse.Namespace, policy: Any, rows: list, flow: Any) -> list:
+    """The transformers reference in this process instead of a server."""
     from agent_r1.agent.episodes import run_episodes
+    from agent_r1.rollout.hf import HFGenerator
 
-    if a.hf:
-        from agent_r1.rollout.hf import HFGenerator
-
-        generate = HFGenerator(policy.model)
-        return await run_episodes(
-            rows, generate, policy.codec, flow, a.group_size, progress=not a.no_progress
-        )
-    client = policy.client()
-    try:
-        await client.wait_ready(120)
-        return await run_episodes(rows, client, policy.codec, flow, a.group_size, progress=not a.no_progress)
-    finally:
-        await client.close()
+    return await run_episodes(
+        rows, HFGenerator(policy.model), policy.codec, flow, a.group_size, progress=not a.no_progress
+    )

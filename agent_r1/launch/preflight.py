@@ -119,14 +119,10 @@ def data_problems(cfg: TrainConfig, rd: Any = None) -> list[str]:
     from agent_r1.train.rows import shared_file_problems, split_rows
 
     r = cfg.recipe
-    if rd is not None:
-        from agent_r1.rollout.served import use_run_models
-
-        use_run_models(cfg, rd)  # registers names only: nothing is asked before the run starts
-    from agent_r1.train.env_server import use_pending_env_server
+    from agent_r1.train.services import use_run_services
 
     try:
-        use_pending_env_server(cfg)
+        use_run_services(cfg, rd, pending=True)  # names only: nothing is asked before the run starts
     except ValueError as e:
         return [str(e)]
     codec = ChatCodec.load(cfg.model.path)

@@ -317,9 +317,11 @@ def _join_router(cfg: Any, rd: RunDir):
         return None
 
     def join(url: str) -> None:
-        from agent_r1.rollout.router import register, router_url
+        from agent_r1.rollout.router import register
+        from agent_r1.service import follow_published
 
-        register(router_url(rd.router_file, cfg.rollout.ready_timeout_s), url, rd.api_key())
+        router = follow_published(rd.router_file, cfg.rollout.ready_timeout_s, "router")()
+        register(router, url, rd.api_key())
 
     return join
 

@@ -115,7 +115,7 @@ def use_run_retriever(cfg: Any, rd: Any = None) -> None:
     if not r.index:
         return
     if r.serve and rd is not None:
-        from agent_r1.rollout.served import follow_published
+        from agent_r1.service import follow_published
 
         current = follow_published(rd.retriever_file, cfg.rollout.ready_timeout_s, "retriever")
         set_default(HttpRetriever(current, rd.api_key()))  # a restarted retriever is found again

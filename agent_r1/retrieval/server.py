@@ -16,14 +16,15 @@ from typing import Any
 from aiohttp import web
 
 from agent_r1.retrieval.index import Index
-from agent_r1.rollout.bodies import need, service_errors
-from agent_r1.rollout.sampling import BadRequest
-from agent_r1.rollout.server import (
-    _error,
-    _json,
+from agent_r1.service import (
+    BadRequest,
     api_key_middleware,
+    error_response,
+    json_response,
+    need,
     read_json_body,
     serve_until_stopped,
+    service_errors,
     start_site,
 )
 
@@ -56,7 +57,7 @@ class RetrieverServer:
     def __init__(self, index: Index, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None):
         self.index, self.host, self.port = index, host, port
         guard = [api_key_middleware(api_key)] if api_key else []
-        self.app = web.Application(middlewares=[*guard, service_errors(_error)])
+        self.app = web.Application(middlewares=[*guard, service_errors(error_response)])
         self.app.router.add_get("/health", self.health)
         self.app.router.add_post("/retrieve", self.retrieve)
         self._pending: list[tuple[list[str], int, asyncio.Future]] = []
@@ -64,20 +65,20 @@ class RetrieverServer:
         self.searches = 0
 
     async def health(self, request: web.Request) -> web.Response:
-        return _json({"status": "ok", "passages": len(self.index)})
+        return json_response({"status": "ok", "passages": len(self.index)})
 
     async def retrieve(self, request: web.Request) -> web.Response:
         try:
             queries, k, scores = parse_request(await read_json_body(request))
         except BadRequest as e:
-            return _error(str(e))
+            return error_response(str(e))
         fut = asyncio.get_running_loop().create_future()
         self._pending.append((queries, k, fut))
         self._wake.set()
         hits = await fut
         if scores:
-            return _json({"result": [[h.to_json() for h in row] for row in hits]})
-        return _json({"result": [[h.to_json()["document"] for h in row] for row in hits]})
+            return json_response({"result": [[h.to_json() for h in row] for row in hits]})
+        return json_response({"result": [[h.to_json()["document"] for h in row] for row in hits]})
 
     async def _batcher(self) -> None:
         """All queries waiting at once go to the index as one batch (per distinct k)."""

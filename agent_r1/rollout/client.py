@@ -14,7 +14,6 @@ import json
 import time
 import uuid
 from collections import OrderedDict
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -29,13 +28,6 @@ class RolloutError(AgentR1Error, RuntimeError):
 
 class RequestRejected(AgentR1Error, ValueError):
     """The server answered 400: the request itself is invalid (message from the server)."""
-
-
-def discover_servers(run_dir: str | Path, kind: str = "servers") -> list[str]:
-    """Server URLs published by ``agent-r1 serve --ready-file run_dir/control/<kind>/NAME.json``
-    (``kind``: servers, or teachers for on-policy distillation)."""
-    d = Path(run_dir) / "control" / kind
-    return [json.loads(p.read_text())["url"] for p in sorted(d.glob("*.json"))]
 
 
 async def probe(urls: list[str], path: str, timeout_s: float = 10.0, api_key: str | None = None) -> list[Any]:

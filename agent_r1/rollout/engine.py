@@ -32,9 +32,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from agent_r1.rollout.sampling import BadRequest, Sampling, is_token_id, sample_batch
+from agent_r1.rollout.sampling import Sampling, is_token_id, sample_batch
 from agent_r1.rollout.slot_model import SlotModel
 from agent_r1.rollout.vision import VisionTower
+from agent_r1.service import BadRequest
 from agent_r1.vision.images import Image, ImageError, VisionSpec, load_image, pad_runs
 from agent_r1.vision.qwen2_vl import hf_module_name, is_vision_config, mrope_positions
 

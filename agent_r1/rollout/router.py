@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from agent_r1.process import die_with_parent, wait_or_stop
+from agent_r1.service import write_ready
 
 log = logging.getLogger("agent_r1.router")
 
@@ -95,23 +96,9 @@ def run_router(
                 f"sglang-router at {url} did not answer within {ready_timeout_s:.0f} s: see {log_file}"
             )
         time.sleep(0.2)
-    tmp = ready_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"url": url}))
-    tmp.replace(ready_file)
+    write_ready(ready_file, url)
     log.info("sglang-router (%s) at %s", policy, url)
     return wait_or_stop(proc, stop_when)
-
-
-def router_url(ready_file: Path, timeout_s: float) -> str:
-    """The router's address once its role has published it."""
-    deadline = time.time() + timeout_s
-    while not ready_file.exists():
-        if time.time() > deadline:
-            raise TimeoutError(
-                f"no router published {ready_file} within {timeout_s:.0f} s (see logs/router_0.log)"
-            )
-        time.sleep(0.2)
-    return json.loads(ready_file.read_text())["url"]
 
 
 def register(router: str, server: str, api_key: str | None = None, timeout_s: float = 60.0) -> None:

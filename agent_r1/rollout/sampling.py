@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from agent_r1.service import BadRequest
+
 SEED_LIMIT = (1 << 63) - 128  # seed + sample index (n <= 128) still seeds a torch.Generator
 GREEDY_BELOW = 1e-5  # temperatures under this sample greedily (dividing logits by them overflows)
 
@@ -18,10 +20,6 @@ def logprob_temperature(temperature: float) -> float:
     """The T of the logprobs a request at ``temperature`` gets back: log_softmax(logits / T), and
     untempered (T = 1) where it samples greedily, as SGLang. The learner recomputes them alike."""
     return temperature if temperature >= GREEDY_BELOW else 1.0
-
-
-class BadRequest(ValueError):
-    """Invalid request input; the message names the field (HTTP 400)."""
 
 
 def is_token_id(t: Any, vocab_size: int) -> bool:

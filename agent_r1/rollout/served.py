@@ -16,10 +16,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from agent_r1.rollout.client import RolloutClient
+from agent_r1.service import published_urls, read_ready
 
 log = logging.getLogger(__name__)
 
@@ -71,45 +71,6 @@ def helper_models(cfg: Any) -> dict[str, str]:
     return out
 
 
-def published_urls(folder: Path) -> list[str]:
-    import json
-
-    out = []
-    for p in sorted(folder.glob("*.json")):
-        try:
-            out.append(json.loads(p.read_text())["url"])
-        except (OSError, ValueError, KeyError):
-            continue  # being replaced
-    return out
-
-
-def follow_published(ready_file: Path, timeout_s: float, what: str) -> Callable[[], str]:
-    """The address a run's single service (retriever, environment server) published in
-    ``ready_file``, as a function read at every use: the launcher restarts a dead service, which
-    then listens on a new port and publishes again. Waits up to ``timeout_s`` for the first
-    address; while the service restarts (its file gone or being replaced) the last one stands."""
-    import json
-
-    def read() -> str | None:
-        try:
-            return json.loads(ready_file.read_text())["url"]
-        except (OSError, ValueError, KeyError):
-            return None
-
-    deadline = time.time() + timeout_s
-    while (first := read()) is None:
-        if time.time() > deadline:
-            raise TimeoutError(f"the {what} did not publish {ready_file} within {timeout_s:.0f} s")
-        time.sleep(0.1)
-    last = [first]
-
-    def current() -> str:
-        last[0] = read() or last[0]
-        return last[0]
-
-    return current
-
-
 def use_run_models(cfg: Any, rd: Any) -> None:
     """Register the run's policy (its router when ``rollout.router``) and every helper model."""
     key, wait = rd.api_key(), cfg.rollout.ready_timeout_s
@@ -122,9 +83,5 @@ def use_run_models(cfg: Any, rd: Any) -> None:
 
 
 def _router(rd: Any) -> list[str]:
-    import json
-
-    try:
-        return [json.loads(rd.router_file.read_text())["url"]]
-    except (OSError, ValueError, KeyError):
-        return []
+    url = read_ready(rd.router_file)
+    return [url] if url else []

@@ -8,28 +8,35 @@ Errors answer 400 with ``{"error": {"message": ...}}`` naming the field; control
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
 import logging
-import math
 import pickle
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 from aiohttp import web
 
-from agent_r1.rollout.bodies import as_object, need, service_errors
 from agent_r1.rollout.engine import Engine, Request
-from agent_r1.rollout.sampling import BadRequest
 from agent_r1.rollout.weight_sync import (
     SGLANG_SESSIONS_FROM,
     deserialize_named_tensors,
     join_update_group,
     leave_update_group,
     release,
+)
+from agent_r1.service import (
+    BadRequest,
+    api_key_middleware,
+    as_object,
+    dumps,
+    error_response,
+    json_response,
+    need,
+    read_json_body,
+    service_errors,
+    start_site,
+    write_ready,
 )
 
 log = logging.getLogger("agent_r1.server")
@@ -74,57 +81,12 @@ UPSTREAM_ENDPOINTS = frozenset(
         "/resume_memory_occupation",
     }
 )
-PARSE_OFF_LOOP_BYTES = 1 << 20  # larger bodies are parsed in a thread: /health stays responsive
 TOKENIZE_OFF_LOOP_CHARS = 1 << 16  # longer prompt text is tokenised in a thread
 MAX_STUCK_JOINS = 4  # joins whose master never answered; their threads cannot be stopped
-OPEN_PATHS = frozenset({"/health"})  # answered without the API key (liveness probes)
-
-
-def _finite(obj: Any) -> Any:
-    """``obj`` with every NaN / infinity replaced by None (JSON has no such numbers)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-def dumps(obj: Any) -> str:
-    """Strict JSON: a non-finite float becomes null instead of the bare ``NaN`` json.dumps writes."""
-    try:
-        return json.dumps(obj, allow_nan=False)
-    except ValueError:
-        return json.dumps(_finite(obj), allow_nan=False)
-
-
-def _json(obj: Any, status: int = 200) -> web.Response:
-    return web.json_response(obj, status=status, dumps=dumps)
-
-
-def _error(msg: str, status: int = 400) -> web.Response:
-    return _json({"error": {"message": msg}}, status=status)
 
 
 def _ok(success: bool = True, message: str = "", **extra: Any) -> web.Response:
-    return _json({"success": success, "message": message, **extra}, status=200 if success else 400)
-
-
-async def read_json_body(request: web.Request) -> Any:
-    """The request body as JSON; BadRequest naming what is wrong (not JSON, not UTF-8). Bodies over
-    ``client_max_size`` are refused by aiohttp with 413 before they are read."""
-    raw = await request.read()
-    try:
-        if len(raw) > PARSE_OFF_LOOP_BYTES:
-            return await asyncio.to_thread(json.loads, raw)
-        return json.loads(raw)
-    except UnicodeDecodeError as e:
-        raise BadRequest(f"request body is not UTF-8: {e}") from None
-    except json.JSONDecodeError as e:
-        raise BadRequest(f"request body is not JSON: {e}") from None
-    except RecursionError:
-        raise BadRequest("request body is nested too deeply") from None
+    return json_response({"success": success, "message": message, **extra}, status=200 if success else 400)
 
 
 @web.middleware
@@ -135,20 +97,6 @@ async def _log_not_found(request: web.Request, handler):
     except web.HTTPNotFound:
         log.warning("strict: 404 for %s %s (not an upstream SGLang endpoint)", request.method, request.path)
         raise
-
-
-def api_key_middleware(key: str):
-    """SGLang's ``--api-key``: every endpoint but ``/health`` needs ``Authorization: Bearer KEY``."""
-
-    @web.middleware
-    async def check(request: web.Request, handler):
-        if request.path not in OPEN_PATHS:
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-                return _error("unauthorized: this server needs its API key (Authorization: Bearer ...)", 401)
-        return await handler(request)
-
-    return check
 
 
 class WeightReceiver:
@@ -263,7 +211,7 @@ class Server:
         middlewares = [api_key_middleware(api_key)] if api_key else []
         if strict:
             middlewares.append(_log_not_found)
-        middlewares.append(service_errors(_error))
+        middlewares.append(service_errors(error_response))
         self.app = web.Application(client_max_size=max_body_mb << 20, middlewares=middlewares)
         r = self.app.router
         r.add_route("*", "/generate", self.generate)
@@ -358,9 +306,9 @@ class Server:
         try:
             body = await read_json_body(request)
         except BadRequest as e:
-            return _error(str(e))
+            return error_response(str(e))
         if not isinstance(body, dict):
-            return _error(f"request body must be a JSON object, got {type(body).__name__}")
+            return error_response(f"request body must be a JSON object, got {type(body).__name__}")
         loop = asyncio.get_running_loop()
         try:
             prompts = await self._prompts(body)
@@ -386,9 +334,9 @@ class Server:
                     image_data=self._per(body, "image_data", i, batch, None),
                 )
         except BadRequest as e:
-            return _error(str(e))
+            return error_response(str(e))
         except (TypeError, KeyError, IndexError) as e:
-            return _error(f"malformed request: {e}")
+            return error_response(f"malformed request: {e}")
         queue: asyncio.Queue[tuple[Request, bool]] = asyncio.Queue()
 
         stream = bool(body.get("stream"))
@@ -415,7 +363,7 @@ class Server:
                 self.engine.abort(r.rid)
             raise
         out = [self._payload(r, i) for i, r in enumerate(reqs)]
-        return _json(out if many else out[0])
+        return json_response(out if many else out[0])
 
     async def _stream(
         self, request: web.Request, reqs: list[Request], queue: asyncio.Queue, many: bool
@@ -457,7 +405,7 @@ class Server:
 
     async def server_info(self, request: web.Request) -> web.Response:
         e = self.engine
-        return _json(
+        return json_response(
             {
                 "model_path": e.model_dir,
                 "tokenizer_path": e.model_dir,
@@ -481,7 +429,7 @@ class Server:
 
     async def model_info(self, request: web.Request) -> web.Response:
         cfg = self.engine.model.config
-        return _json(
+        return json_response(
             {
                 "model_path": self.engine.model_dir,
                 "tokenizer_path": self.engine.model_dir,
@@ -496,7 +444,7 @@ class Server:
         )
 
     async def loads(self, request: web.Request) -> web.Response:
-        return _json(
+        return json_response(
             {
                 "timestamp": time.time(),
                 "version": self.sglang_version,
@@ -523,7 +471,7 @@ class Server:
             if not isinstance(body.get("rid", ""), str):
                 raise BadRequest(f"rid: must be a string, got {type(body['rid']).__name__}")
         except BadRequest as e:
-            return _error(str(e))
+            return error_response(str(e))
         self.engine.abort(body.get("rid", ""), bool(body.get("abort_all", False)))
         return web.Response(status=200)
 
@@ -532,12 +480,12 @@ class Server:
             body = await self._body(request)
             self.engine.pause(body.get("mode", "abort"))
         except BadRequest as e:
-            return _error(str(e))
-        return _json({"message": "Generation paused successfully.", "status": "ok"})
+            return error_response(str(e))
+        return json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def resume(self, request: web.Request) -> web.Response:
         self.engine.resume()
-        return _json({"message": "Generation continued successfully.", "status": "ok"})
+        return json_response({"message": "Generation continued successfully.", "status": "ok"})
 
     async def update_from_disk(self, request: web.Request) -> web.Response:
         try:
@@ -616,7 +564,7 @@ class Server:
             if body.get("selector", "all") not in ("all", "target", "draft"):
                 raise BadRequest(f"selector: must be all, target or draft, got {body['selector']!r}")
         except BadRequest as e:
-            return _error(str(e))
+            return error_response(str(e))
         if self.session_open:
             return _ok(False, "a weight-update session is already open; call end_weight_update() first")
         self.session_open = True
@@ -655,7 +603,7 @@ class Server:
         base64 ``ForkingPickler`` dump of ``[(name, tensor), ...]`` whose CUDA tensors travel as IPC
         handles (CPU tensors as shared memory), so the bytes never leave the device."""
         if not self.weight_ipc:
-            return _error(
+            return error_response(
                 "update_weights_from_tensor: disabled; start the server with --weight-ipc (it unpickles "
                 "the request body: only for a trainer on the same machine)",
                 403,
@@ -691,7 +639,7 @@ class Server:
         return _ok(True, "Succeeded to update weight version.", new_version=self.engine.weight_version)
 
     async def get_version(self, request: web.Request) -> web.Response:
-        return _json({"weight_version": self.engine.weight_version})
+        return json_response({"weight_version": self.engine.weight_version})
 
     async def weights_by_name(self, request: web.Request) -> web.Response:
         body = await self._body(request)
@@ -699,59 +647,16 @@ class Server:
         name = need(body, "name", "text")
         size = need(body, "truncate_size", "index", 100)
         if name not in params:
-            return _error(f"name: unknown parameter {name!r}")
-        return _json(params[name].detach().flatten()[:size].tolist())
+            return error_response(f"name: unknown parameter {name!r}")
+        return json_response(params[name].detach().flatten()[:size].tolist())
 
     async def noop(self, request: web.Request) -> web.Response:
-        return _json(None)
+        return json_response(None)
 
     # ---- running ----------------------------------------------------------------------------------------------
     async def start(self) -> web.AppRunner:
         runner, self.port = await start_site(self.app, self.host, self.port)
         return runner
-
-
-async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Serve ``app`` on ``host:port`` (0 = a free port); returns the runner and the bound port.
-    handler_cancellation: a client that hangs up cancels its handler, which aborts its work."""
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    if port == 0:
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, port
-
-
-def serve_until_stopped(start: Any, ready_file: str | Path | None = None, stop_when: Any = None) -> int:
-    """A service's main loop (retriever, environment servers): ``await start()`` gives (runner,
-    url, extra); ``ready_file`` then gets ``{"url", **extra}`` (written atomically); serve until
-    SIGTERM / Ctrl-C / ``stop_when()``."""
-    import signal
-
-    async def main() -> None:
-        runner, url, extra = await start()
-        if ready_file:
-            p = Path(ready_file)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.with_suffix(".tmp").write_text(json.dumps({"url": url, **extra}))
-            p.with_suffix(".tmp").replace(p)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        while not stop.is_set():
-            if stop_when is not None and stop_when():
-                log.info("shutdown requested: stopping")
-                break
-            try:
-                await asyncio.wait_for(stop.wait(), 1.0)
-            except TimeoutError:
-                pass
-        await runner.cleanup()
-
-    asyncio.run(main())
-    return 0
 
 
 def serve(
@@ -770,7 +675,6 @@ def serve(
     ``routes(server)`` adds routes before it starts (``agent-r1 serve``: the OpenAI API)."""
     import signal
     import threading
-    from pathlib import Path
 
     weight_ipc = bool(engine_kw.pop("weight_ipc", False))
     api_key = engine_kw.pop("api_key", None)
@@ -825,11 +729,7 @@ def serve(
                 engine.stop()
                 return
         if ready_file:
-            p = Path(ready_file)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            tmp = p.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"url": url, "model": model}))
-            tmp.replace(p)
+            write_ready(ready_file, url, model=model)
 
     threading.Thread(target=publish, name="publish", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: engine.stop())

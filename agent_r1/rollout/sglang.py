@@ -4,7 +4,6 @@ so clients, workers and the coordinator cannot tell them apart."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent_r1.process import die_with_parent, wait_or_stop
+from agent_r1.service import write_ready
 
 log = logging.getLogger("agent_r1.sglang")
 
@@ -110,8 +110,6 @@ def run_sglang(
             proc.kill()
             raise TimeoutError(f"SGLang at {url} not healthy within {ready_timeout_s:.0f} s: see {log_file}")
         time.sleep(2)
-    tmp = ready_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"url": url, "model": model, "engine": "sglang"}))
-    tmp.replace(ready_file)
+    write_ready(ready_file, url, model=model, engine="sglang")
     log.info("SGLang serving %s at %s (log %s)", model, url, log_file)
     return wait_or_stop(proc, stop_when)

@@ -27,8 +27,8 @@ from agent_r1.agent.tool_calls import (
     MalformedCall,
     ToolCall,
 )
-from agent_r1.rollout.sampling import BadRequest
-from agent_r1.rollout.server import Server, dumps, read_json_body
+from agent_r1.rollout.server import Server
+from agent_r1.service import BadRequest, dumps, read_json_body
 from agent_r1.vision.images import ImageError
 
 

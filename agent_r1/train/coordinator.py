@@ -20,13 +20,14 @@ from typing import Any
 from agent_r1.logging import Progress
 from agent_r1.records.reader import RecordStore
 from agent_r1.records.shard import finalize_iteration, iteration_dir, iteration_dirs
-from agent_r1.rollout.client import discover_servers, probe, server_versions
+from agent_r1.rollout.client import probe, server_versions
 from agent_r1.rollout.weight_sync import (
     WeightSyncError,
     WeightUpdateGroup,
     group_backend,
     push_weights_from_disk,
 )
+from agent_r1.service import published_urls
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.metrics import STATS_COLUMNS, table_stats
 from agent_r1.train.run_dir import RunDir, node_address, read_json
@@ -245,7 +246,7 @@ class Coordinator:
     def resync(self, min_version: int) -> int:
         """Push the current weights to every live server that lacks them (a restarted server starts
         from the model on disk); returns how many live servers have at least ``min_version``."""
-        urls = discover_servers(self.rd.root)
+        urls = published_urls(self.rd.servers)
         versions = self.loop.run_until_complete(server_versions(urls, self.api_key))
         if self.pushed is not None:
             version, named = self.pushed
@@ -262,7 +263,7 @@ class Coordinator:
     def live_servers(self) -> list[str]:
         """Published servers that answer /health (a dead one's file is ignored)."""
 
-        urls = discover_servers(self.rd.root)
+        urls = published_urls(self.rd.servers)
         answers = self.loop.run_until_complete(probe(urls, "/health", api_key=self.api_key))
         return [u for u, a in zip(urls, answers, strict=True) if not isinstance(a, BaseException)]
 

@@ -41,7 +41,7 @@ def use_run_env_server(cfg: Any, rd: Any) -> None:
     """This process's environments use the run's environment server (when ``rollout.env_server``)."""
     if not cfg.rollout.env_server:
         return
-    from agent_r1.rollout.served import follow_published
+    from agent_r1.service import follow_published
 
     # sessions of a server that died fail over to env_error after their retries
     current = follow_published(rd.env_server_file, cfg.rollout.ready_timeout_s, "environment server")

@@ -170,15 +170,12 @@ class Trainer:
         from recipes import load_all, load_recipe
 
         load_all()
-        from agent_r1.retrieval.client import use_run_retriever
-        from agent_r1.rollout.served import use_run_models
-        from agent_r1.train.env_server import use_run_env_server
         from agent_r1.train.rows import split_rows
+        from agent_r1.train.services import use_run_services
 
         recipe = load_recipe(self.cfg.recipe.name)
-        use_run_retriever(self.cfg, self.rd)  # demonstrations search like the policy will
-        use_run_models(self.cfg, self.rd)  # and are judged / summarised by the same helper models
-        use_run_env_server(self.cfg, self.rd)  # and shop on the same site
+        # demonstrations search, are judged and summarised, and shop like the policy will
+        use_run_services(self.cfg, self.rd)
         rows = split_rows(self.cfg, "train")
         rows = (rows * (self.cfg.sft.demos // len(rows) + 1))[: self.cfg.sft.demos]
         flow = self.cfg.episode.flow()

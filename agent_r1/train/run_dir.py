@@ -21,19 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from agent_r1.errors import AgentR1Error
+from agent_r1.jsonfiles import atomic_write_json, read_json  # noqa: F401  (the run's files)
 
 log = logging.getLogger("agent_r1.run_dir")
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(path.read_text())
 
 
 def node_address() -> str:

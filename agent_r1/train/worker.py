@@ -14,12 +14,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from agent_r1.retrieval.client import use_run_retriever
-from agent_r1.rollout.served import use_run_models
 from agent_r1.train.config import TrainConfig
-from agent_r1.train.env_server import use_run_env_server
 from agent_r1.train.metrics import episode_stats
 from agent_r1.train.run_dir import RunDir
+from agent_r1.train.services import use_run_services
 from agent_r1.train.tasks import RoleTimeout, RolloutTask, acknowledge, pending_tasks
 
 log = logging.getLogger("agent_r1.worker")
@@ -102,9 +100,7 @@ class Worker:
         self.codec = ChatCodec.load(cfg.model.path)
         self._rows: dict[str, list[Any]] = {}
         self.api_key = rd.api_key()
-        use_run_retriever(cfg, rd)
-        use_run_models(cfg, rd)
-        use_run_env_server(cfg, rd)
+        use_run_services(cfg, rd)
 
     def rows(self, split: str) -> list[Any]:
         if split not in self._rows:
@@ -162,8 +158,8 @@ class Worker:
         """Run this worker's rows of ``task`` on servers holding its weight version; when every
         server it had dies, run the share again on the live ones (nothing was committed)."""
         from agent_r1.agent.episodes import run_episodes
-        from agent_r1.rollout.client import RolloutClient, RolloutError, discover_servers
-        from agent_r1.rollout.router import router_url
+        from agent_r1.rollout.client import RolloutClient, RolloutError
+        from agent_r1.service import follow_published, published_urls
 
         rc = self.cfg.rollout
         rows = [self.rows(task.split)[r] for _, r in task.share(self.index)]
@@ -178,12 +174,14 @@ class Worker:
 
         for attempt in range(1, self.MAX_ATTEMPTS + 1):
             servers = await servers_with_version(
-                lambda: discover_servers(self.rd.root),
+                lambda: published_urls(self.rd.servers),
                 task.weight_version,
                 self.cfg.trainer.timeout_s,
                 self.api_key,
             )
-            router = router_url(self.rd.router_file, rc.ready_timeout_s) if rc.router else None
+            router = (
+                follow_published(self.rd.router_file, rc.ready_timeout_s, "router")() if rc.router else None
+            )
             client = RolloutClient(
                 servers=None if router else servers,
                 router=router,
@@ -219,9 +217,10 @@ class Worker:
     async def _with_teacher_logprobs(self, table: pa.Table, trajs: list[Any]) -> pa.Table:
         """``table`` with the OPD teacher's logprobs of every sampled action token as a column."""
         from agent_r1.records.schema import EXTRA_FIELDS
-        from agent_r1.rollout.client import RolloutClient, discover_servers
+        from agent_r1.rollout.client import RolloutClient
+        from agent_r1.service import published_urls
 
-        teachers = discover_servers(self.rd.root, self.rd.teachers.name)
+        teachers = published_urls(self.rd.teachers)
         client = RolloutClient(
             servers=teachers, timeout_s=self.cfg.rollout.request_timeout_s, api_key=self.api_key
         )

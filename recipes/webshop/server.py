@@ -18,14 +18,16 @@ from typing import Any
 
 from aiohttp import web
 
-from agent_r1.rollout.bodies import describe, need, service_errors
-from agent_r1.rollout.sampling import BadRequest
-from agent_r1.rollout.server import (
-    _error,
-    _json,
+from agent_r1.service import (
+    BadRequest,
     api_key_middleware,
+    describe,
+    error_response,
+    json_response,
+    need,
     read_json_body,
     serve_until_stopped,
+    service_errors,
     start_site,
 )
 from recipes.webshop.catalog import Goal
@@ -63,7 +65,7 @@ class WebShopServer:
         self.shop, self.max_sessions = shop, max_sessions
         self.sessions: OrderedDict[str, Session] = OrderedDict()
         guard = [api_key_middleware(api_key)] if api_key else []
-        self.app = web.Application(middlewares=[*guard, service_errors(_error)])
+        self.app = web.Application(middlewares=[*guard, service_errors(error_response)])
         self.app.router.add_get("/health", self.health)
         self.app.router.add_post("/reset", self.reset)
         self.app.router.add_post("/step", self.step)
@@ -76,18 +78,20 @@ class WebShopServer:
         return body
 
     async def health(self, request: web.Request) -> web.Response:
-        return _json({"status": "ok", "sessions": len(self.sessions), "products": len(self.shop.products)})
+        return json_response(
+            {"status": "ok", "sessions": len(self.sessions), "products": len(self.shop.products)}
+        )
 
     async def reset(self, request: web.Request) -> web.Response:
         try:
             goal = goal_from_json((await self._body(request)).get("goal"))
         except BadRequest as e:
-            return _error(str(e))
+            return error_response(str(e))
         sid = uuid.uuid4().hex
         self.sessions[sid] = Session(goal)
         while len(self.sessions) > self.max_sessions:
             self.sessions.popitem(last=False)
-        return _json({"session": sid})
+        return json_response({"session": sid})
 
     def _session(self, body: dict[str, Any]) -> Session | None:
         sid = body.get("session")
@@ -105,20 +109,24 @@ class WebShopServer:
             if not isinstance(body.get("action"), str):
                 raise BadRequest("'action' must be a string")
         except BadRequest as e:
-            return _error(str(e))
+            return error_response(str(e))
         if s is None:
-            return _error(f"no session {body['session']!r} (closed, expired, or the server restarted)", 404)
+            return error_response(
+                f"no session {body['session']!r} (closed, expired, or the server restarted)", 404
+            )
         ok, why = self.shop.step(s, body["action"])
-        return _json({"valid": ok, "message": why, "snapshot": dataclasses.asdict(snapshot(self.shop, s))})
+        return json_response(
+            {"valid": ok, "message": why, "snapshot": dataclasses.asdict(snapshot(self.shop, s))}
+        )
 
     async def close(self, request: web.Request) -> web.Response:
         try:
             body = await self._body(request)
             self._session(body)
         except BadRequest as e:
-            return _error(str(e))
+            return error_response(str(e))
         self.sessions.pop(body["session"], None)
-        return _json({"closed": True})
+        return json_response({"closed": True})
 
 
 def serve(host: str = "127.0.0.1", port: int = 0, ready_file: str | Path | None = None,

@@ -102,18 +102,16 @@ ALLOWED = {
     "vision": set(),
     "algos": {"registry"},
     "records": set(),
-    "rollout": {"records", "process", "vision"},
     "jsonfiles": set(),
-    "retrieval": {
-        "rollout",
-        "jsonfiles",
-    },  # its server reuses the rollout server's HTTP helpers (API key, bodies)
+    "service": {"jsonfiles"},  # the HTTP service kit and the addresses services publish
+    "rollout": {"records", "process", "vision", "service"},
+    "retrieval": {"jsonfiles", "service"},
     "tools": {"registry", "retrieval", "vision"},
     "rewards": {"registry"},
     "data": {"records", "vision"},
     "agent": {"rollout", "records", "data", "tools", "rewards", "registry", "vision"},
     "learner": {"algos", "records", "vision"},
-    "serving": {"agent", "rollout", "vision"},
+    "serving": {"agent", "rollout", "vision", "service"},
 }
 
 

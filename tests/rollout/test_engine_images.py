@@ -14,7 +14,7 @@ from agent_r1.agent.chat import ChatCodec
 from agent_r1.rollout.client import RolloutClient
 from agent_r1.rollout.engine import Engine
 from agent_r1.rollout.protocol import SamplingParams
-from agent_r1.rollout.sampling import BadRequest
+from agent_r1.service import BadRequest
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agent_r1.rollout.engine import Engine
-from agent_r1.rollout.sampling import BadRequest
+from agent_r1.service import BadRequest
 
 
 @pytest.fixture(scope="module")

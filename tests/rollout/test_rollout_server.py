@@ -6,6 +6,7 @@ import json
 import math
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,9 +15,10 @@ from scripted import ScriptedPolicy  # noqa: F401  (keeps test helpers importabl
 
 from agent_r1.agent.episodes import run_episodes
 from agent_r1.agent.flow import AGENTS, FlowConfig
-from agent_r1.rollout.client import RequestRejected, RolloutClient, RolloutError, discover_servers
+from agent_r1.rollout.client import RequestRejected, RolloutClient, RolloutError
 from agent_r1.rollout.protocol import FinishReason, SamplingParams
 from agent_r1.rollout.weight_sync import WeightSyncError, WeightUpdateGroup, push_weights_from_disk
+from agent_r1.service import published_urls
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +282,7 @@ def test_client_retries_on_a_killed_server_and_rejects_bad_requests(cluster, tin
         match="generate failed on every server tried: http://127.0.0.1:\\d+: ClientConnectorError",
     ):
         asyncio.run(fail())
-    assert len(discover_servers(run_dir)) == 2
+    assert len(published_urls(Path(run_dir) / "control" / "servers")) == 2
 
 
 def test_seeded_sampling_reproducible_over_http(cluster):

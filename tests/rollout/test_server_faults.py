@@ -11,7 +11,7 @@ import pytest
 from rollout_servers import ServerProc, http
 
 from agent_r1.rollout.engine import Engine
-from agent_r1.rollout.server import dumps
+from agent_r1.service import dumps
 
 POISON = 77  # a token id the sabotaged engine below cannot process
 
