@@ -1,23 +1,10 @@
-"""Chat formats on token ids, message by message: ChatML with Hermes tool calls (Qwen), Llama 3
-with JSON tool calls and ``ipython`` results, and gpt-oss's Harmony.
-
-Every message is tokenised on its own. Special tokens split the text at message borders, so this
-equals tokenising the whole rendered chat; and it lets the context keep an action's token ids
-exactly as sampled instead of re-tokenising its text. A codec also owns its format's tool calls:
-how a reply's calls are parsed, how tool results become the next observation's turn(s), and how a
-demonstration written in Hermes form becomes the ids this format's model would sample.
-``codec_for(tokenizer)`` picks the format by the tokenizer's special tokens.
-
-Where a format's published template rewrites what the model sampled (Harmony turns a final
-``<|return|>`` into ``<|end|>`` in later prompts), the codec keeps the sampled tokens: token in,
-token out. The Jinja templates saved with the tiny models render exactly what the codecs encode.
-"""
+"""ChatML with Hermes tool calls (Qwen2.5 / Qwen3): ``ChatCodec``, the base every format's codec
+derives from, the registry of formats (``CHAT_FORMATS``) and ``codec_for``."""
 
 from __future__ import annotations
 
 import functools
 import json
-import re
 from typing import Any
 
 from agent_r1.agent.tool_calls import OPEN as CALL_OPEN
@@ -29,6 +16,9 @@ from agent_r1.agent.tool_calls import (
     parse_tool_calls,
 )
 from agent_r1.vision.images import Image, ImageError, VisionSpec, load_image, pad_runs, part_image
+
+# every chat format, by name, in detection order (a codec class registers itself when defined)
+CHAT_FORMATS: dict[str, type[ChatCodec]] = {}
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
@@ -115,6 +105,10 @@ class ChatCodec:
     END = IM_END  # the token that ends a reply the model samples
     EXTRA_STOPS: tuple[str, ...] = ()
     vision: VisionSpec | None = None  # a vision model's image geometry (``load`` reads it)
+
+    def __init_subclass__(cls, **kw: Any) -> None:  # a format's module registers it by defining it
+        super().__init_subclass__(**kw)
+        CHAT_FORMATS[cls.FORMAT] = cls
 
     @staticmethod
     @functools.lru_cache(maxsize=8)
@@ -408,245 +402,7 @@ def _json_call(raw: str, arg_keys: tuple[str, ...]) -> ToolCall | MalformedCall:
     return ToolCall(obj["name"], args)
 
 
-LLAMA3_JINJA = (
-    "{{- '<|begin_of_text|>' -}}"
-    "{%- set sys = (messages[0].content if messages and messages[0].role == 'system' else 'You are a helpful assistant.') -%}"
-    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' + sys -}}"
-    "{%- if tools -%}"
-    "{{- '\\n\\nYou have access to the following functions. To call one, reply with only a JSON object "
-    '{"name": function name, "parameters": {argument: value}}.\\n\' -}}'
-    "{%- for t in tools -%}{{- '\\n' + (t | tojson) -}}{%- endfor -%}"
-    "{%- endif -%}"
-    "{{- '<|eot_id|>' -}}"
-    "{%- for m in messages -%}"
-    "{%- if m.role == 'tool' -%}"
-    "{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + m.content + '<|eot_id|>' -}}"
-    "{%- elif m.role == 'assistant' and m.tool_calls -%}"
-    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}"
-    "{%- for c in m.tool_calls -%}{%- if not loop.first -%}{{- '; ' -}}{%- endif -%}"
-    "{{- '{\"name\": \"' + c.name + '\", \"parameters\": ' + (c.arguments | tojson) + '}' -}}"
-    "{%- endfor -%}"
-    "{{- '<|eot_id|>' -}}"
-    "{%- elif not (loop.first and m.role == 'system') -%}"
-    "{{- '<|start_header_id|>' + m.role + '<|end_header_id|>\\n\\n' + m.content + '<|eot_id|>' -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}{%- endif -%}"
-)
-
-
-class Llama3Codec(ChatCodec):
-    """Llama 3.x: ``<|start_header_id|>role<|end_header_id|>\\n\\ncontent<|eot_id|>``; a tool call is
-    the whole reply as ``{"name", "parameters"}`` JSON (several: joined by ``; ``); results come back
-    as ``ipython`` turns, one per call. The tool schemas go in the system prompt."""
-
-    FORMAT = "llama3"
-    MARKERS = ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
-    SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-                      "<|eot_id|>", "<|eom_id|>", "<|python_tag|>")  # fmt: skip
-    EOS, PAD, BOS = "<|eot_id|>", "<|end_of_text|>", "<|begin_of_text|>"
-    JINJA = LLAMA3_JINJA
-    END = "<|eot_id|>"
-    EXTRA_STOPS = ("<|eom_id|>", "<|end_of_text|>")
-
-    def generation_prompt(self) -> str:
-        return "<|start_header_id|>assistant<|end_header_id|>\n\n"
-
-    def turn_end(self) -> str:
-        return ""
-
-    def render_message(self, role: str, content: str) -> str:
-        return f"<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>"
-
-    def render_prefix(self, system: str | None, tools: list[dict[str, Any]] | None) -> str:
-        text = system if system is not None else DEFAULT_SYSTEM
-        if tools:
-            text += (
-                "\n\nYou have access to the following functions. To call one, reply with only a JSON "
-                'object {"name": function name, "parameters": {argument: value}}.\n'
-            )
-            text += "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
-        return "<|begin_of_text|>" + self.render_message("system", text)
-
-    def format_tool_call(self, name: str, arguments: dict[str, Any]) -> str:
-        return json.dumps({"name": name, "parameters": arguments}, ensure_ascii=False)
-
-    def render_assistant(self, content: str, calls: list[tuple[str, dict[str, Any]]]) -> str:
-        return self.render_message("assistant", "; ".join(self.format_tool_call(n, a) for n, a in calls))
-
-    def render_tool_results(self, results: list[tuple[str | None, str]]) -> str:
-        return "".join(self.render_message("ipython", r) for _, r in results)
-
-    def feedback_text(self, results: list[tuple[str | None, str]]) -> str:
-        return "\n".join(r for _, r in results)
-
-    def parse_tool_calls(self, text: str) -> list[ToolCall | MalformedCall]:
-        s = text.strip()
-        if not s.startswith("{"):
-            return []
-        return [_json_call(part, ("parameters", "arguments")) for part in _split_calls(s)]
-
-    def content(self, text: str, final: bool = True) -> str:
-        return "" if text.lstrip().startswith("{") else text
-
-    def encode_action(self, text: str) -> list[int]:
-        content, calls = _hermes_calls(text)
-        if calls:
-            return self.encode("; ".join(self.format_tool_call(n, a) for n, a in calls)) + [self.end_id]
-        return self.encode(content) + [self.end_id]
-
-
-def _split_calls(s: str) -> list[str]:
-    """``{...}; {...}`` -> the JSON objects (semicolons inside strings are kept)."""
-    parts, depth, start, in_str, esc = [], 0, 0, False, False
-    for i, ch in enumerate(s):
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-            continue
-        if ch == '"':
-            in_str = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-        elif ch == ";" and depth == 0:
-            parts.append(s[start:i].strip())
-            start = i + 1
-    parts.append(s[start:].strip())
-    return [p for p in parts if p]
-
-
-HARMONY_JINJA = (
-    "{%- set sys = (messages[0].content if messages and messages[0].role == 'system' else 'You are a helpful assistant.') -%}"
-    "{{- '<|start|>system<|message|>' + sys + '<|end|>' -}}"
-    "{%- if tools -%}"
-    "{{- '<|start|>developer<|message|># Tools\\n\\n## functions\\n\\nnamespace functions {\\n' -}}"
-    "{%- for t in tools -%}"
-    "{{- '\\n// ' + t.function.description + '\\ntype ' + t.function.name + ' = (_: ' + (t.function.parameters | tojson) + ') => any;\\n' -}}"
-    "{%- endfor -%}"
-    "{{- '\\n} // namespace functions<|end|>' -}}"
-    "{%- endif -%}"
-    "{%- for m in messages -%}"
-    "{%- if m.role == 'tool' -%}"
-    "{{- '<|start|>functions.' + m.name + ' to=assistant<|channel|>commentary<|message|>' + m.content + '<|end|>' -}}"
-    "{%- elif m.role == 'assistant' and m.tool_calls -%}"
-    "{%- if m.content -%}{{- '<|start|>assistant<|channel|>final<|message|>' + m.content + '<|return|>' -}}{%- endif -%}"
-    "{%- for c in m.tool_calls -%}"
-    "{{- '<|start|>assistant<|channel|>commentary to=functions.' + c.name + ' <|constrain|>json<|message|>' + (c.arguments | tojson) + '<|call|>' -}}"
-    "{%- endfor -%}"
-    "{%- elif m.role == 'assistant' -%}"
-    "{{- '<|start|>assistant<|channel|>final<|message|>' + m.content + '<|return|>' -}}"
-    "{%- elif not (loop.first and m.role == 'system') -%}"
-    "{{- '<|start|>' + m.role + '<|message|>' + m.content + '<|end|>' -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|start|>assistant' -}}{%- endif -%}"
-)
-_HARMONY_CALL = re.compile(
-    r"to=functions\.([^\s<]+)[^<]*(?:<\|constrain\|>[^<]*)?<\|message\|>(.*?)(?:<\|call\|>|<\|end\|>|$)", re.S
-)
-
-
-class HarmonyCodec(ChatCodec):
-    """gpt-oss's Harmony: ``<|start|>role<|channel|>...<|message|>content<|end|>``. The model
-    writes after ``<|start|>assistant``: ``<|channel|>final<|message|>answer<|return|>`` or a call
-    ``<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{args}<|call|>`` (one
-    per reply; analysis messages may come first). Results come back as ``functions.NAME`` messages;
-    the tool schemas are a ``developer`` message. A sampled ``<|return|>`` stays in the history
-    (gpt-oss's own template rewrites it to ``<|end|>``; here the sampled tokens are kept)."""
-
-    FORMAT = "harmony"
-    MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|call|>", "<|return|>")
-    SPECIAL_TOKENS = ("<|startoftext|>", "<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>",
-                      "<|constrain|>", "<|return|>", "<|call|>")  # fmt: skip
-    EOS, PAD, BOS = "<|return|>", "<|endoftext|>", None
-    JINJA = HARMONY_JINJA
-    END = "<|return|>"
-    EXTRA_STOPS = ("<|call|>", "<|endoftext|>")
-
-    def generation_prompt(self) -> str:
-        return "<|start|>assistant"
-
-    def turn_end(self) -> str:
-        return ""
-
-    def render_message(self, role: str, content: str) -> str:
-        if role == "assistant":
-            return f"<|start|>assistant<|channel|>final<|message|>{content}<|return|>"
-        return f"<|start|>{role}<|message|>{content}<|end|>"
-
-    def render_prefix(self, system: str | None, tools: list[dict[str, Any]] | None) -> str:
-        text = f"<|start|>system<|message|>{system if system is not None else DEFAULT_SYSTEM}<|end|>"
-        if tools:
-            decls = "".join(
-                f"\n// {t['function'].get('description', '')}\ntype {t['function']['name']} = "
-                f"(_: {json.dumps(t['function'].get('parameters', {}), ensure_ascii=False)}) => any;\n"
-                for t in tools
-            )
-            text += f"<|start|>developer<|message|># Tools\n\n## functions\n\nnamespace functions {{\n{decls}\n}} // namespace functions<|end|>"
-        return text
-
-    def format_tool_call(self, name: str, arguments: dict[str, Any]) -> str:
-        args = json.dumps(arguments, ensure_ascii=False)
-        return f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{args}"
-
-    def render_assistant(self, content: str, calls: list[tuple[str, dict[str, Any]]]) -> str:
-        text = self.render_message("assistant", content) if content else ""
-        return text + "".join(f"<|start|>assistant{self.format_tool_call(n, a)}<|call|>" for n, a in calls)
-
-    def render_tool_results(self, results: list[tuple[str | None, str]]) -> str:
-        return "".join(
-            f"<|start|>functions.{name or 'unknown'} to=assistant<|channel|>commentary<|message|>{r}<|end|>"
-            for name, r in results
-        )
-
-    def feedback_text(self, results: list[tuple[str | None, str]]) -> str:
-        return "\n".join(r for _, r in results)
-
-    def parse_tool_calls(self, text: str) -> list[ToolCall | MalformedCall]:
-        out: list[ToolCall | MalformedCall] = []
-        for m in _HARMONY_CALL.finditer(text):
-            name, raw = m.group(1), m.group(2).strip()
-            try:
-                args = json.loads(raw) if raw else {}
-            except json.JSONDecodeError as e:
-                out.append(
-                    MalformedCall(m.group(0), f"invalid JSON in tool call: {e.msg} at position {e.pos}")
-                )
-                continue
-            if not isinstance(args, dict):
-                out.append(
-                    MalformedCall(m.group(0), f"arguments must be a JSON object, got {type(args).__name__}")
-                )
-                continue
-            out.append(ToolCall(name, args))
-        if not out and "to=" in text:
-            return [MalformedCall(text, "a recipient other than functions.NAME, or no <|message|> after it")]
-        return out
-
-    def content(self, text: str, final: bool = True) -> str:
-        key = "<|channel|>final<|message|>"
-        cut = text.rfind(key)
-        return text[cut + len(key) :] if cut >= 0 else ""
-
-    def answer_text(self, text: str) -> str:
-        return self.content(text) if "<|channel|>" in text else text
-
-    def encode_action(self, text: str) -> list[int]:
-        content, calls = _hermes_calls(text)
-        if len(calls) > 1:
-            raise ValueError("harmony: one tool call per reply (the model stops at <|call|>)")
-        if calls:
-            return self.encode(self.format_tool_call(*calls[0])) + [self.tokenizer.get_vocab()["<|call|>"]]
-        return self.encode(f"<|channel|>final<|message|>{content}") + [self.end_id]
-
-
-CHAT_FORMATS: dict[str, type[ChatCodec]] = {c.FORMAT: c for c in (ChatCodec, Llama3Codec, HarmonyCodec)}
+CHAT_FORMATS["chatml"] = ChatCodec  # first: detection tries the formats in this order
 
 
 def codec_for(tokenizer: Any) -> ChatCodec:
