@@ -205,7 +205,7 @@ class Trainer:
                     f"weight {bad} of policy version {self.state['version']} is not finite: not pushed "
                     f"(the last good weights are in {self.rd.checkpoints}; lower optim.lr or check the data)"
                 )
-            seconds = self.coord.push(named, self.state["version"])
+            seconds = self.coord.publisher.push(named, self.state["version"])
         dist.barrier()
         return seconds
 
@@ -360,8 +360,8 @@ class Trainer:
         m["time/iteration"] = wall
         m["time/idle"] = max(0.0, wall - sum(v for k, v in times.items() if k.startswith("time/")))
         m["weight_sync/seconds"] = times.get("time/weight_sync", 0.0)
-        if self.coord is not None and self.coord.last_push:
-            m["weight_sync/gbps"] = self.coord.last_push["gbps"]
+        if self.coord is not None and self.coord.publisher.last_push:
+            m["weight_sync/gbps"] = self.coord.publisher.last_push["gbps"]
         if pooled.get("generate_s"):
             m["throughput/rollout_tokens_per_s"] = pooled.get("action_tokens", 0.0) / max(
                 times.get("time/generate", 1e-9), 1e-9
