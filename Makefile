@@ -33,7 +33,7 @@ bench: tiny-model smollm2
 
 test: install
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=30 tests
 
 test-fast: install
 	$(VENV)/bin/ruff check .

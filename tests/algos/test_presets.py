@@ -1,6 +1,6 @@
 """Algorithm presets resolve to the seed's definitions; one source of truth for loss
 hyper-parameters (the registry's defaults fill what the config leaves unset, an explicit setting
-wins, a conflict with what a loss forces is an error naming both); the README's table says what
+wins, a conflict with what a loss forces is an error naming both); the table in docs/architecture.md says what
 the resolved configs say."""
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def test_print_config_shows_the_resolved_values():
 
 
 def _readme_rows() -> dict[str, list[str]]:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "architecture.md").read_text()
     table = text[text.index("| preset | estimator |") :].split("\n\n")[0]
     rows = {}
     for line in table.splitlines()[2:]:
@@ -80,7 +80,7 @@ def _readme_rows() -> dict[str, list[str]]:
     return rows
 
 
-def test_readme_table_matches_the_resolved_presets():
+def test_the_docs_table_matches_the_resolved_presets():
     rows = _readme_rows()
     presets = sorted(p.stem for p in (ROOT / "configs" / "algorithm").glob("*.yaml"))
     assert sorted(rows) == presets
