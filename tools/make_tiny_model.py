@@ -7,9 +7,12 @@ python tools/make_tiny_model.py --recipe arithmetic_tool --arch qwen3 --out arti
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from agent_r1.models.tiny import ARCHS, build_tiny_model
-from recipes import RECIPES, load_recipe
+from agent_r1.launch.launcher import build_model
+from agent_r1.models.tiny import ARCHS
+from agent_r1.train.config import TinyModelConfig
+from recipes import RECIPES
 
 
 def main() -> None:
@@ -35,21 +38,8 @@ def main() -> None:
         "--split-digits", action="store_true", help="one token per digit (as Qwen2 tokenizes numbers)"
     )
     a = ap.parse_args()
-    recipe = load_recipe(a.recipe)
-    out = build_tiny_model(
-        a.out,
-        recipe.corpus(),
-        recipe.tool_schemas(),
-        a.arch,
-        a.vocab_size,
-        a.hidden,
-        a.layers,
-        a.heads,
-        a.kv_heads,
-        seed=a.seed,
-        chat_format=a.chat_format,
-        split_digits=a.split_digits,
-    )
+    settings = {k: v for k, v in vars(a).items() if k != "out"}  # the flags are TinyModelConfig's fields
+    out = build_model(TinyModelConfig(at=a.out, **settings), Path(a.out))
     print(f"wrote {out}")
 
 

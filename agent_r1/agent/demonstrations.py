@@ -4,6 +4,8 @@ them (the warm start's data, a recipe's tests). A recipe's ``demonstrations`` re
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from typing import Any
 
 from agent_r1.agent.chat import ChatCodec
@@ -37,3 +39,19 @@ class Demonstrator:
             return Completion(ids, [0.0] * len(ids), reason, 0)
 
         return generate
+
+
+def noisy_demonstrations(
+    rows: list[Any],
+    seed: int,
+    tool_rate: float,
+    with_tool: Callable[[Any], list[str]],
+    without_tool: Callable[[Any], list[str]],
+) -> list[list[str]]:
+    """A noisy demonstrator's turns for each row: ``with_tool(row)`` with probability ``tool_rate``
+    (seeded, one draw per row), else ``without_tool(row)``. Imitating it gives a policy that
+    sometimes uses the tool; RL has to find out that using it pays."""
+    if not 0.0 <= tool_rate <= 1.0:
+        raise ValueError(f"tool_rate must be in [0, 1], got {tool_rate}")
+    rng = random.Random(seed)
+    return [with_tool(row) if rng.random() < tool_rate else without_tool(row) for row in rows]

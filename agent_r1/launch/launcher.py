@@ -30,7 +30,7 @@ from agent_r1.launch.roles import (
     stale_addresses,
 )
 from agent_r1.process import die_with_parent
-from agent_r1.train.config import TrainConfig, to_yaml
+from agent_r1.train.config import TinyModelConfig, TrainConfig, to_yaml
 from agent_r1.train.run_dir import RunDir, RunLock, atomic_write_json
 
 log = logging.getLogger("agent_r1.launcher")
@@ -71,26 +71,21 @@ def ensure_model(cfg: TrainConfig) -> None:
         return
     if cfg.model.build is None:
         raise AgentR1Error(f"model.path {path} has no config.json (and model.build is not set)")
+    log.info("building tiny model at %s", path)
+    build_model(cfg.model.build, path)
+
+
+def build_model(b: TinyModelConfig, out: Path) -> Path:
+    """A tiny random model of ``b``'s shape whose tokenizer is trained on its recipe's text and
+    tool schemas (``model.build``; ``tools/make_tiny_model.py`` builds one from its flags)."""
     from agent_r1.models.tiny import build_tiny_model
     from recipes import load_recipe
 
-    b = cfg.model.build
-    log.info("building tiny model at %s", path)
     recipe = load_recipe(b.recipe)
-    build_tiny_model(
-        path,
-        recipe.corpus(),
-        recipe.tool_schemas(),
-        b.arch,
-        b.vocab_size,
-        b.hidden,
-        b.layers,
-        b.heads,
-        b.kv_heads,
-        seed=b.seed,
-        chat_format=b.chat_format,
-        split_digits=b.split_digits,
-    )
+    return build_tiny_model(
+        out, recipe.corpus(), recipe.tool_schemas(), b.arch, b.vocab_size, b.hidden, b.layers, b.heads,
+        b.kv_heads, seed=b.seed, chat_format=b.chat_format, split_digits=b.split_digits,
+    )  # fmt: skip
 
 
 def ensure_index(cfg: TrainConfig) -> None:

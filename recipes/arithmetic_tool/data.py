@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from agent_r1.agent.demonstrations import noisy_demonstrations
 from agent_r1.agent.tool_calls import format_tool_call, format_tool_responses
 from agent_r1.data.rows import DataRow
 
@@ -99,24 +100,18 @@ def demonstration(p: Problem) -> list[dict[str, str]]:
 
 
 def demonstrations(rows: list[DataRow], seed: int = 0, tool_rate: float = 1.0) -> list[list[str]]:
-    """Assistant turns of a demonstrator for each row (warm start). With ``tool_rate`` < 1 it is a
-    noisy demonstrator: the rest of the time it skips the calculator and guesses the starting
-    amount, which is wrong. Imitating it gives a policy that sometimes uses the tool; RL has to
-    find out that using it pays."""
-    if not 0.0 <= tool_rate <= 1.0:
-        raise ValueError(f"tool_rate must be in [0, 1], got {tool_rate}")
-    rng = random.Random(seed)
-    out = []
-    for row in rows:
+    """Assistant turns of a demonstrator for each row (warm start): the calculator, then the
+    answer. With ``tool_rate`` < 1 it is a noisy demonstrator: the rest of the time it skips the
+    calculator and guesses the starting amount, which is wrong."""
+
+    def with_tool(row: DataRow) -> list[str]:
         expr, answer = row.extra_info["expression"], row.reward_model["ground_truth"]
-        if rng.random() < tool_rate:
-            out.append(
-                [format_tool_call("calculator", {"expression": expr}), f"The answer is \\boxed{{{answer}}}."]
-            )
-        else:
-            guess = expr.split(" ")[0].strip("()")
-            out.append([f"The answer is \\boxed{{{guess}}}."])
-    return out
+        return [format_tool_call("calculator", {"expression": expr}), f"The answer is \\boxed{{{answer}}}."]
+
+    def without_tool(row: DataRow) -> list[str]:
+        return [f"The answer is \\boxed{{{row.extra_info['expression'].split(' ')[0].strip('()')}}}."]
+
+    return noisy_demonstrations(rows, seed, tool_rate, with_tool, without_tool)
 
 
 def build_rows(split: str = "train", num: int = 64, seed: int = 0, difficulty: int = 2) -> list[DataRow]:

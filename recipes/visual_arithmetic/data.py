@@ -16,6 +16,7 @@ import io
 import random
 from dataclasses import dataclass
 
+from agent_r1.agent.demonstrations import noisy_demonstrations
 from agent_r1.agent.tool_calls import format_tool_call, format_tool_responses
 from agent_r1.data.rows import DataRow
 
@@ -126,19 +127,18 @@ def demonstrations(rows: list[DataRow], seed: int = 0, tool_rate: float = 1.0) -
     """Assistant turns of a demonstrator for each row (warm start): the calculator on the number
     in the picture, then the answer; with ``tool_rate`` < 1 it answers the picture's number
     without the tool the rest of the time (wrong)."""
-    if not 0.0 <= tool_rate <= 1.0:
-        raise ValueError(f"tool_rate must be in [0, 1], got {tool_rate}")
-    rng = random.Random(seed)
-    out = []
-    for row in rows:
-        expr, answer = row.extra_info["expression"], row.reward_model["ground_truth"]
-        seen = f"The picture shows {row.extra_info['number']}."
-        if rng.random() < tool_rate:
-            call = format_tool_call("calculator", {"expression": expr})
-            out.append([f"{seen}\n{call}", f"The answer is \\boxed{{{answer}}}."])
-        else:
-            out.append([f"{seen} The answer is \\boxed{{{row.extra_info['number']}}}."])
-    return out
+
+    def seen(row: DataRow) -> str:
+        return f"The picture shows {row.extra_info['number']}."
+
+    def with_tool(row: DataRow) -> list[str]:
+        call = format_tool_call("calculator", {"expression": row.extra_info["expression"]})
+        return [f"{seen(row)}\n{call}", f"The answer is \\boxed{{{row.reward_model['ground_truth']}}}."]
+
+    def without_tool(row: DataRow) -> list[str]:
+        return [f"{seen(row)} The answer is \\boxed{{{row.extra_info['number']}}}."]
+
+    return noisy_demonstrations(rows, seed, tool_rate, with_tool, without_tool)
 
 
 def corpus(num: int = 2000, seed: int = 0) -> list[str]:
