@@ -216,6 +216,26 @@ def serve_until_stopped(start: Any, ready_file: str | Path | None = None, stop_w
     return 0
 
 
+def http_request(
+    method: str, url: str, body: Any = None, timeout: float = 10, api_key: str | None = None
+) -> tuple[int, str]:
+    """A blocking HTTP call outside an event loop (the router's admin API, tests): the status and
+    the text of the answer, an error status included. ``body``: JSON, or bytes sent as they are."""
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
 # ---- publishing and following addresses: every role and service of a run, the one place ------------
 
 

@@ -15,12 +15,10 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from agent_r1.process import die_with_parent, wait_or_stop
-from agent_r1.service import write_ready
+from agent_r1.service import http_request, write_ready
 
 log = logging.getLogger("agent_r1.router")
 
@@ -44,21 +42,6 @@ def router_command(
     if api_key:  # what the router sends to the workers, which require it
         cmd += ["--api-key", api_key]
     return cmd
-
-
-def _request(
-    method: str, url: str, body: dict | None = None, timeout: float = 10, api_key: str | None = None
-) -> tuple[int, str]:
-    data = None if body is None else json.dumps(body).encode()
-    headers = {"Content-Type": "application/json"}
-    if api_key:  # a router started with --api-key wants it from its clients too
-        headers["Authorization"] = f"Bearer {api_key}"
-    req = urllib.request.Request(url, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 def run_router(
@@ -86,7 +69,7 @@ def run_router(
         if proc.poll() is not None:
             raise RuntimeError(f"sglang-router exited with {proc.returncode}: see {log_file}")
         try:
-            if _request("GET", url + "/workers", timeout=2, api_key=api_key)[0] == 200:
+            if http_request("GET", url + "/workers", timeout=2, api_key=api_key)[0] == 200:
                 break
         except OSError:
             pass
@@ -108,12 +91,12 @@ def register(router: str, server: str, api_key: str | None = None, timeout_s: fl
     body = {"url": server, "worker_type": "regular"}
     if api_key:
         body["api_key"] = api_key
-    status, text = _request("POST", router + "/workers", body, api_key=api_key)
+    status, text = http_request("POST", router + "/workers", body, api_key=api_key)
     if status >= 300:
         raise RuntimeError(f"router {router} refused worker {server}: {status} {text[:300]}")
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        status, text = _request("GET", router + "/workers", api_key=api_key)
+        status, text = http_request("GET", router + "/workers", api_key=api_key)
         if status == 200 and any(w.get("url") == server for w in json.loads(text).get("workers", [])):
             log.info("registered with the router %s", router)
             return

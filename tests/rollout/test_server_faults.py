@@ -11,7 +11,7 @@ import pytest
 from rollout_servers import ServerProc, http
 
 from agent_r1.rollout.engine import Engine
-from agent_r1.service import dumps
+from agent_r1.service import dumps, http_request
 
 POISON = 77  # a token id the sabotaged engine below cannot process
 
@@ -69,19 +69,7 @@ def guarded(tiny_model_dir, tmp_path_factory):
 
 
 def _call(method, url, body=None, key=None, timeout=60):
-    import urllib.error
-    import urllib.request
-
-    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-    headers = {"Content-Type": "application/json"}
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    req = urllib.request.Request(url, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+    return http_request(method, url, body, timeout, key)
 
 
 @pytest.mark.parametrize(
