@@ -8,6 +8,15 @@ import torch
 import torch.distributed as dist
 
 
+def rank_argv() -> tuple:
+    """A spawned rank's command line (``spawn.py`` writes it): rank, world size, port, then the
+    test's own arguments (model folders, the output file, ...)."""
+    import sys
+
+    rank, world, port, *rest = sys.argv[1:]
+    return (int(rank), int(world), port, *rest)
+
+
 def init_rank(rank: int, world: int, port: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)

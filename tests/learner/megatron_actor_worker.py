@@ -1,21 +1,12 @@
 """One rank of the learner checks: PPO steps on a fixed batch reduce the loss at DP2, TP2 and PP2;
 a checkpoint saved at TP1 (DP2) resumes at TP2 and at PP2 with the identical next-step loss."""
 
-import sys
-
 import torch
-from megatron_rank import batch_loss, finish, gather_first, init_rank, synth_batch
+from megatron_rank import batch_loss, finish, gather_first, init_rank, rank_argv, synth_batch
 
 
 def main() -> None:
-    rank, world, port, model_dir, ckpt, out = (
-        int(sys.argv[1]),
-        int(sys.argv[2]),
-        sys.argv[3],
-        sys.argv[4],
-        sys.argv[5],
-        sys.argv[6],
-    )
+    rank, world, port, model_dir, ckpt, out = rank_argv()
     init_rank(rank, world, port)
     import megatron.core  # noqa: F401
     from megatron.core import parallel_state as ps

@@ -2,12 +2,11 @@
 PP2; prefix-merged step-start values equal per-step computation; a frozen reference policy gives
 the actor's initial logprobs."""
 
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 import torch
-from megatron_rank import finish, gather_first, init_rank, synth_batch, synth_records
+from megatron_rank import finish, gather_first, init_rank, rank_argv, synth_batch, synth_records
 
 
 def _list(x):
@@ -15,13 +14,7 @@ def _list(x):
 
 
 def main() -> None:
-    rank, world, port, model_dir, out = (
-        int(sys.argv[1]),
-        int(sys.argv[2]),
-        sys.argv[3],
-        sys.argv[4],
-        sys.argv[5],
-    )
+    rank, world, port, model_dir, out = rank_argv()
     init_rank(rank, world, port)
     import megatron.core  # noqa: F401
     from megatron.core import parallel_state as ps

@@ -1,8 +1,6 @@
 """One rank of the packed-policy checks: prefix-merged packed logprobs through Megatron (TP/PP)
 equal per-step recomputation with the HF model; the vocab-parallel backward equals autograd."""
 
-import sys
-
 import torch
 import torch.distributed as dist
 from megatron_rank import (
@@ -11,18 +9,13 @@ from megatron_rank import (
     init_rank,
     max_diff_over_ranks,
     per_step_logprobs,
+    rank_argv,
     synth_batch,
 )
 
 
 def main() -> None:
-    rank, world, port, model_dir, out = (
-        int(sys.argv[1]),
-        int(sys.argv[2]),
-        sys.argv[3],
-        sys.argv[4],
-        sys.argv[5],
-    )
+    rank, world, port, model_dir, out = rank_argv()
     torch.set_num_threads(1)  # for the HF reference, before the process group exists
     from transformers import AutoModelForCausalLM
 

@@ -3,10 +3,8 @@ trajectory) -> LearnerBatch -> the Actor's logprobs equal transformers' own mode
 PPO steps with the tower frozen (it stays as loaded) and trained (it moves, the export carries it);
 a checkpoint saved at DP2 resumes at TP2 and PP2 with the same loss."""
 
-import sys
-
 import torch
-from megatron_rank import batch_loss, finish, gather_first, init_rank
+from megatron_rank import batch_loss, finish, gather_first, init_rank, rank_argv
 from vision import image_bytes
 
 
@@ -74,8 +72,7 @@ def hf_reference(model_dir, recs):
 
 
 def main() -> None:
-    rank, world, port, model_dir, ckpt, out = sys.argv[1:7]
-    rank, world = int(rank), int(world)
+    rank, world, port, model_dir, ckpt, out = rank_argv()
     torch.set_num_threads(1)
     from agent_r1.learner.batch import LearnerBatch
     from agent_r1.records.schema import records_to_table

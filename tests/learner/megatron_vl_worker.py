@@ -2,11 +2,9 @@
 through Megatron's language model + the vision tower at TP1 / TP2 / PP2 equal transformers' own
 ``Qwen2VLForConditionalGeneration`` (float64, each sequence on its own); weight export round trip."""
 
-import sys
-
 import torch
 import torch.distributed as dist
-from megatron_rank import finish, forward_logprobs, init_rank, max_diff_over_ranks
+from megatron_rank import finish, forward_logprobs, init_rank, max_diff_over_ranks, rank_argv
 from vision import image_bytes
 
 
@@ -32,8 +30,7 @@ def sequences(model_dir, vocab):
 
 
 def main() -> None:
-    rank, world, port, model_dir, out = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
-    rank, world = int(rank), int(world)
+    rank, world, port, model_dir, out = rank_argv()
     torch.set_num_threads(1)
     from transformers import AutoConfig, AutoModelForImageTextToText
 

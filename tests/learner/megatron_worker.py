@@ -7,16 +7,15 @@ and export the weights back to HF names (compared bit for bit with the originals
 """
 
 import os
-import sys
 
 import torch
 import torch.distributed as dist
-from megatron_rank import finish, forward_only, init_rank
+from megatron_rank import finish, forward_only, init_rank, rank_argv
 
 
 def main() -> None:
-    rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    models, layouts, out = sys.argv[4].split(","), sys.argv[5].split(","), sys.argv[6]
+    rank, world, port, models, layouts, out = rank_argv()
+    models, layouts = models.split(","), layouts.split(",")
     torch.set_num_threads(1)  # for the HF references, before the process group exists
     from transformers import AutoModelForCausalLM
 
