@@ -40,9 +40,10 @@ class Recipe:
       (text for a tiny model's tokenizer), always;
     - ``TOOLS``: the names of the tools its prompt shows (their schemas train a tiny tokenizer);
     - ``demonstrations(rows, seed, **options)``: scripted actions for the warm start, if it has them;
-    - ``passages(seed, paths, **options)``: the corpus of its search index, if its tools search;
-    - with ``server.py`` (its environment as a service), ``use_env_server(url, api_key)`` in
-      ``env.py``: where its environments find the run's service.
+    - ``passages(seed, paths, **options)``: the corpus of its search index, if its tools search.
+
+    ``server.py``, where it exists, serves the environment (``serve(...)``); its environments reach
+    the run's service through the ``Services.env_server`` they are given.
     """
 
     name: str
@@ -70,11 +71,6 @@ class Recipe:
         for k, fn in {"build_rows": data.build_rows, "corpus": data.corpus, **optional}.items():
             if fn is not None and not callable(fn):
                 raise RecipeError(f"{where}: {k} must be a function, got {type(fn).__name__}")
-        if (_HERE / name / "server.py").exists() and not callable(getattr(env, "use_env_server", None)):
-            raise RecipeError(
-                f"recipes/{name}/env.py: a recipe with an environment service (server.py) defines"
-                " use_env_server(url, api_key): where its environments find the run's service"
-            )
         return cls(name, data, data.build_rows, data.corpus, tuple(tools), **optional, env=env)
 
     @property
@@ -88,12 +84,6 @@ class Recipe:
                 f"rollout.env_server: recipe {self.name} has no environment service (recipes/{self.name}/server.py)"
             )
         return importlib.import_module(f"recipes.{self.name}.server")
-
-    def use_env_server(self, url: Any, api_key: str | None) -> None:
-        """This process's environments use the service at ``url`` (an address or a function that
-        reads the current one)."""
-        self.server()  # a recipe without a service: the error names the key
-        self.env.use_env_server(url, api_key)  # type: ignore[union-attr]
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         from agent_r1.tools import TOOLS

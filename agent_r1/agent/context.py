@@ -25,6 +25,7 @@ from typing import Any
 from agent_r1.agent.chat import ChatCodec
 from agent_r1.agent.types import Observation
 from agent_r1.registry import Registry
+from agent_r1.tools.services import NO_SERVICES, Services
 from agent_r1.vision.images import Image
 
 
@@ -48,8 +49,9 @@ class History:
 class ContextManager:
     """``update`` may rewrite the history (async: it may call a model); ``view`` picks what is seen."""
 
-    def __init__(self, codec: ChatCodec):
+    def __init__(self, codec: ChatCodec, services: Services | None = None):
         self.codec = codec
+        self.services = services or NO_SERVICES  # the environment's: a summariser model by name
 
     async def update(self, history: History) -> None:
         return None
@@ -86,8 +88,10 @@ class RewriteContext(ContextManager):
 
 @CONTEXTS.register("sliding_window")
 class SlidingWindowContext(ContextManager):
-    def __init__(self, codec: ChatCodec, max_tokens: int, keep_first: int = 1):
-        super().__init__(codec)
+    def __init__(
+        self, codec: ChatCodec, max_tokens: int, keep_first: int = 1, services: Services | None = None
+    ):
+        super().__init__(codec, services)
         if max_tokens <= 0:
             raise ValueError(f"context.max_tokens must be > 0, got {max_tokens}")
         self.max_tokens, self.keep_first = max_tokens, keep_first
@@ -122,8 +126,9 @@ class SummarizeContext(ContextManager):
         keep_last: int = 2,
         summarizer: Summarizer | str = "extractive",
         summary_tokens: int = 128,
+        services: Services | None = None,
     ):
-        super().__init__(codec)
+        super().__init__(codec, services)
         if max_tokens <= 0:
             raise ValueError(f"context.max_tokens must be > 0, got {max_tokens}")
         if summary_tokens < 1:
@@ -132,7 +137,7 @@ class SummarizeContext(ContextManager):
         if summarizer == "extractive":
             summarizer = extractive_summary
         elif isinstance(summarizer, str):
-            summarizer = served_summarizer(summarizer, summary_tokens)
+            summarizer = served_summarizer(self.services.model(summarizer), summary_tokens)
         self.summarizer = summarizer
 
     async def update(self, history: History) -> None:
@@ -168,12 +173,11 @@ def model_summarizer(generate: Any, codec: ChatCodec, sampling: Any) -> Summariz
     return summarize
 
 
-def served_summarizer(model: str, max_new_tokens: int) -> Summarizer:
-    """``model_summarizer`` over a served model by name (``policy`` or a helper model), greedy."""
+def served_summarizer(target: Any, max_new_tokens: int) -> Summarizer:
+    """``model_summarizer`` over a served model (``policy`` or a helper model: a ``ServedModel``),
+    greedy."""
     from agent_r1.rollout.protocol import SamplingParams
-    from agent_r1.rollout.served import served
 
-    target = served(model)  # fails now, naming the config key, when the run serves no such model
     codec = ChatCodec.load(target.model)
     sampling = SamplingParams(
         temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=list(codec.stop_token_ids)
@@ -189,5 +193,7 @@ def served_summarizer(model: str, max_new_tokens: int) -> Summarizer:
     return model_summarizer(generate, codec, sampling)
 
 
-def build_context(codec: ChatCodec, name: str = "append", **kwargs: Any) -> ContextManager:
-    return CONTEXTS.get(name)(codec, **kwargs)
+def build_context(
+    codec: ChatCodec, name: str = "append", services: Services | None = None, **kwargs: Any
+) -> ContextManager:
+    return CONTEXTS.get(name)(codec, services=services, **kwargs)

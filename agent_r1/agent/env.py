@@ -11,6 +11,7 @@ from typing import Any
 from agent_r1.agent.chat import ChatCodec
 from agent_r1.agent.types import Action, Observation, StepResult
 from agent_r1.registry import Registry
+from agent_r1.tools.services import NO_SERVICES, Services
 
 
 class AgentEnv:
@@ -21,10 +22,11 @@ class AgentEnv:
     # smaller one, so anything it counts "per step left" must count to ``min(own, this)``.
     flow_max_steps: int | None = None
 
-    def __init__(self, codec: ChatCodec, **kwargs: Any):
+    def __init__(self, codec: ChatCodec, services: Services | None = None, **kwargs: Any):
         if kwargs:
             raise TypeError(f"{type(self).__name__} got unknown options {sorted(kwargs)}")
         self.codec = codec
+        self.services = services or NO_SERVICES  # retriever, served models, environment server
 
     @property
     def tool_schemas(self) -> list[dict[str, Any]]:
@@ -43,5 +45,5 @@ class AgentEnv:
 ENVS: Registry[type[AgentEnv]] = Registry("environment")
 
 
-def make_env(name: str, codec: ChatCodec, **kwargs: Any) -> AgentEnv:
-    return ENVS.get(name)(codec=codec, **kwargs)
+def make_env(name: str, codec: ChatCodec, services: Services | None = None, **kwargs: Any) -> AgentEnv:
+    return ENVS.get(name)(codec=codec, services=services, **kwargs)

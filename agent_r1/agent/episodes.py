@@ -12,6 +12,7 @@ from agent_r1.agent.flow import AGENTS, FlowConfig
 from agent_r1.agent.types import GenerateFn
 from agent_r1.data.rows import DataRow
 from agent_r1.records.schema import Trajectory
+from agent_r1.tools.services import Services
 
 
 async def run_episodes(
@@ -24,6 +25,7 @@ async def run_episodes(
     max_concurrency: int = 64,
     progress: bool = True,
     on_episode: Callable[[int], None] | None = None,
+    services: Services | None = None,
 ) -> list[Trajectory]:
     """One trajectory per (row, sample); ``group_id`` = the row, shared by its ``group_size`` samples."""
     if group_size < 1:
@@ -36,7 +38,7 @@ async def run_episodes(
             tid = f"{id_prefix}-p{i}-s{k}"
             # a client that routes by session keeps every step of a trajectory on one server
             gen = generate.session(tid) if hasattr(generate, "session") else generate
-            flow = AGENTS.get(row.agent_name).build(gen, codec, config)
+            flow = AGENTS.get(row.agent_name).build(gen, codec, config, services)
             traj = await flow.run(row, tid, f"{id_prefix}-p{i}")
             bar.update(1)
             if on_episode is not None:

@@ -21,6 +21,7 @@ from agent_r1.records.schema import StepRecord, Trajectory
 from agent_r1.registry import Registry
 from agent_r1.rewards import compute_reward
 from agent_r1.rollout.protocol import image_kwargs
+from agent_r1.tools.services import NO_SERVICES, Services
 from agent_r1.vision.images import Image, load_image
 
 
@@ -41,8 +42,15 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
 
 
 class AgentFlow:
-    def __init__(self, generate: GenerateFn, codec: ChatCodec, config: FlowConfig | None = None):
+    def __init__(
+        self,
+        generate: GenerateFn,
+        codec: ChatCodec,
+        config: FlowConfig | None = None,
+        services: Services | None = None,
+    ):
         self.generate, self.codec, self.config = generate, codec, config or EpisodeSettings().flow()
+        self.services = services or NO_SERVICES  # handed to the episode's environment
 
     async def run(self, row: DataRow, trajectory_id: str, group_id: str) -> Trajectory:
         raise NotImplementedError
@@ -129,15 +137,16 @@ class AgentEnvLoop(AgentFlow):
         generate: GenerateFn,
         codec: ChatCodec,
         config: FlowConfig | None = None,
+        services: Services | None = None,
         env: str = "tool",
         **env_kwargs: Any,
     ):
-        super().__init__(generate, codec, config)
+        super().__init__(generate, codec, config, services)
         self.env_name, self.env_kwargs = env, env_kwargs
 
     async def _start(self, row: DataRow) -> tuple[Any, Observation]:
         """The row's environment (defaults + the row's options) and its first observation."""
-        env = make_env(self.env_name, self.codec, **{**self.env_kwargs, **row.env_kwargs})
+        env = make_env(self.env_name, self.codec, self.services, **{**self.env_kwargs, **row.env_kwargs})
         env.flow_max_steps = self.config.max_steps
         try:
             return env, env.reset(prompt=row.prompt, reward_model=row.reward_model, extra_info=row.extra_info)
@@ -249,8 +258,14 @@ class AgentSpec:
     flow: type[AgentFlow]
     options: dict[str, Any] = field(default_factory=dict)
 
-    def build(self, generate: GenerateFn, codec: ChatCodec, config: FlowConfig | None = None) -> AgentFlow:
-        return self.flow(generate, codec, config, **self.options)
+    def build(
+        self,
+        generate: GenerateFn,
+        codec: ChatCodec,
+        config: FlowConfig | None = None,
+        services: Services | None = None,
+    ) -> AgentFlow:
+        return self.flow(generate, codec, config, services, **self.options)
 
 
 AGENTS: Registry[AgentSpec] = Registry("agent")

@@ -18,6 +18,7 @@ from agent_r1.agent.tool_calls import MalformedCall, ToolCall
 from agent_r1.agent.types import Action, Observation, StepResult
 from agent_r1.tools import TOOLS, BaseTool, ToolError, ToolOutput
 from agent_r1.tools.crop import ImageTool
+from agent_r1.tools.services import Services
 from agent_r1.vision.images import Image
 
 
@@ -35,18 +36,21 @@ class ToolEnv(AgentEnv):
         error_penalty: float = 0.0,
         tool_timeout_s: float | None = None,
         system_prompt: str | None = None,
+        services: Services | None = None,
     ):
-        super().__init__(codec)
+        super().__init__(codec, services)
         if max_steps < 1:
             raise ValueError(f"env.max_steps must be >= 1, got {max_steps}")
         tool_kwargs = tool_kwargs or {}
         # keyed by the name the model calls (a registered tool may show another name, e.g. a
         # recipe's own "search" registered as "paper_search")
         built = [TOOLS.get(n)(**tool_kwargs.get(n, {})) for n in tools or []]
+        for t in built:
+            t.services = self.services  # a tool uses the services of the environment it runs in
         self.tools: dict[str, BaseTool] = {t.name: t for t in built}
         if len(self.tools) != len(built):
             raise ValueError(f"tools {tools} show the model the same name twice")
-        self.context = build_context(codec, context, **(context_kwargs or {}))
+        self.context = build_context(codec, context, self.services, **(context_kwargs or {}))
         self.max_steps, self.max_calls_per_step = max_steps, max_calls_per_step
         self.error_penalty, self.tool_timeout_s = error_penalty, tool_timeout_s
         self.system_prompt = system_prompt

@@ -93,12 +93,19 @@ class StreamingGenerate:
 
 class ChatSession:
     def __init__(
-        self, codec: Any, generate: StreamingGenerate, template: Any, flow_cfg: Any, style: Style, out: Any
+        self,
+        codec: Any,
+        generate: StreamingGenerate,
+        template: Any,
+        flow_cfg: Any,
+        style: Style,
+        out: Any,
+        services: Any = None,
     ):
         from agent_r1.agent.flow import AGENTS, AgentFlow
 
         self.codec, self.generate, self.template, self.style, self.out = codec, generate, template, style, out
-        self.flow = AgentFlow(generate, codec, flow_cfg)
+        self.flow = AgentFlow(generate, codec, flow_cfg, services)
         spec = AGENTS.get(template.agent_name)
         self.env_name = spec.options.get("env", "tool")
         self.env_kwargs = {**{k: v for k, v in spec.options.items() if k != "env"}, **template.env_kwargs}
@@ -114,7 +121,7 @@ class ChatSession:
     def make_env(self) -> Any:
         from agent_r1.agent.env import make_env
 
-        return make_env(self.env_name, self.codec, **self.env_kwargs)
+        return make_env(self.env_name, self.codec, self.flow.services, **self.env_kwargs)
 
     async def reset(self) -> None:
         if self.env is not None:
@@ -240,9 +247,6 @@ def run_chat(a: Any) -> int:
 
     load_all()
     tools = parse_tools(a.tools)
-    from agent_r1.train.services import use_local_services
-
-    use_local_services(a.index)
     with open_policy(a, Path(a.export_dir), announce=True) as policy:
         return chat_loop(a, policy, tools)
 
@@ -258,7 +262,7 @@ def chat_loop(a: Any, policy: Any, tools: list[str] | None) -> int:
     url = policy.urls[0]
     out = sys.stdout
     gen = StreamingGenerate(url, a.api_key, lambda s: (out.write(s), out.flush()), codec)
-    session = ChatSession(codec, gen, template, policy.episode.flow(a.seed), style, out)
+    session = ChatSession(codec, gen, template, policy.episode.flow(a.seed), style, out, policy.services)
     loop = asyncio.new_event_loop()
     print(
         f"chat with {policy.source} ({url}); tools: {', '.join(session.tool_names()) or 'none'}\n{HELP}",

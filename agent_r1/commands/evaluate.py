@@ -155,7 +155,6 @@ def run_eval(a: Any) -> dict[str, Any]:
     from agent_r1.data.rows import load_rows
     from agent_r1.records.schema import records_to_table
     from agent_r1.records.shard import finalize_iteration, write_shard
-    from agent_r1.train.services import use_local_services
     from recipes import load_all, load_recipe
 
     load_all()
@@ -166,7 +165,6 @@ def run_eval(a: Any) -> dict[str, Any]:
         cfg, source = policy.cfg, policy.source
     out = Path(a.out) if a.out else default_out(a, source)
     out.mkdir(parents=True, exist_ok=True)
-    use_local_services(a.index, cfg)  # the search tools' index, in this process
     recipe = a.recipe or (cfg.recipe.name if cfg is not None else "arithmetic_tool")
     split = a.split or "test"
     num = a.num or (cfg.recipe.test_size if cfg is not None else 64)

@@ -236,9 +236,6 @@ def run_infer(a: Any) -> dict[str, Any]:
     out.parent.mkdir(parents=True, exist_ok=True)
     located = located_inputs(a.input, a.recipe, parse_tools(a.tools))
     rows = [row for _, row in located]
-    from agent_r1.train.services import use_local_services
-
-    use_local_services(a.index)
     exports = out.parent / f"{out.stem}.models"
     with open_policy(a, exports, serve=False) as policy:  # checked first: a prompt too long starts nothing
         check_fits(located, policy.codec, policy.episode.max_obs_tokens)

@@ -147,6 +147,7 @@ class Policy:
     seed: int
     urls: list[str] = field(default_factory=list)
     api_key: str | None = None
+    services: Any = None  # what its episodes use besides it: the search tools' index (--index, the run's)
 
     def run_episodes(self, rows: list[Any], n: int, wait_s: float = 0.0, **kw: Any) -> list[Any]:
         """``n`` episodes of each row against this policy's servers, under its episode settings
@@ -160,7 +161,8 @@ class Policy:
             try:
                 if wait_s:
                     await client.wait_ready(wait_s)
-                return await run_episodes(rows, client, self.codec, self.episode.flow(self.seed), n, **kw)
+                flow = self.episode.flow(self.seed)
+                return await run_episodes(rows, client, self.codec, flow, n, services=self.services, **kw)
             finally:
                 await client.close()
 
@@ -182,6 +184,7 @@ def open_policy(
     """The policy of ``--model`` / ``--run`` / ``--url``; without ``--url`` (and ``serve``), ``servers``
     embedded servers run until the block ends."""
     from agent_r1.agent.chat import ChatCodec
+    from agent_r1.train.services import local_services
 
     cfg, model, source = resolve_model(a, export_dir)
     tokenizer = a.tokenizer or model or (cfg.model.path if cfg is not None else None)
@@ -190,7 +193,8 @@ def open_policy(
     episode = episode_settings(a, cfg)
     seed = a.seed if a.seed is not None else (cfg.trainer.seed if cfg is not None else 0)
     urls = [u for x in ([a.url] if isinstance(a.url, str) else a.url or []) for u in x.split(",")]
-    policy = Policy(source, model, cfg, ChatCodec.load(tokenizer), episode, seed, urls, a.api_key)
+    services = local_services(getattr(a, "index", None), cfg)
+    policy = Policy(source, model, cfg, ChatCodec.load(tokenizer), episode, seed, urls, a.api_key, services)
     procs: list[subprocess.Popen] = []
     try:
         if serve and not urls:

@@ -50,9 +50,6 @@ def run(a: argparse.Namespace) -> int:
     load_all()
     if a.hf and not a.model:
         raise SystemExit("agent-r1 rollout: --hf needs --model")
-    from agent_r1.train.services import use_local_services
-
-    use_local_services(a.index)
     with open_policy(a, Path("rollout_models"), serve=not a.hf) as policy:
         seed = policy.seed
         if a.data:
@@ -110,5 +107,6 @@ async def _hf_episodes(a: argparse.Namespace, policy: Any, rows: list, flow: Any
     from agent_r1.rollout.hf import HFGenerator
 
     return await run_episodes(
-        rows, HFGenerator(policy.model), policy.codec, flow, a.group_size, progress=not a.no_progress
-    )
+        rows, HFGenerator(policy.model), policy.codec, flow, a.group_size, progress=not a.no_progress,
+        services=policy.services,
+    )  # fmt: skip

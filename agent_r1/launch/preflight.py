@@ -119,10 +119,10 @@ def data_problems(cfg: TrainConfig, rd: Any = None) -> list[str]:
     from agent_r1.train.rows import shared_file_problems, split_rows
 
     r = cfg.recipe
-    from agent_r1.train.services import use_run_services
+    from agent_r1.train.services import run_services
 
     try:
-        use_run_services(cfg, rd, pending=True)  # names only: nothing is asked before the run starts
+        services = run_services(cfg, rd, pending=True)  # nothing is asked before the run starts
     except ValueError as e:
         return [str(e)]
     codec = ChatCodec.load(cfg.model.path)
@@ -139,12 +139,17 @@ def data_problems(cfg: TrainConfig, rd: Any = None) -> list[str]:
                 f"recipe {r.name} ({split} split, recipe.options={r.options}): {type(e).__name__}: {e}"
             )
             continue
-        out += asyncio.run(_check_rows(rows, split, codec, flow_cfg))
+        out += asyncio.run(_check_rows(rows, split, codec, flow_cfg, services=services))
     return out
 
 
 async def _check_rows(
-    rows: list[Any], split: str, codec: Any, flow_cfg: Any, reset_budget_s: float = RESET_BUDGET_S
+    rows: list[Any],
+    split: str,
+    codec: Any,
+    flow_cfg: Any,
+    reset_budget_s: float = RESET_BUDGET_S,
+    services: Any = None,
 ) -> list[str]:
     from agent_r1.agent.flow import AGENTS
     from agent_r1.rewards import REWARDS, compute_reward
@@ -168,7 +173,8 @@ async def _check_rows(
         if time.monotonic() - t0 <= reset_budget_s:
             reset += 1
             try:
-                ids = await AGENTS.get(row.agent_name).build(None, codec, flow_cfg).first_observation(row)
+                flow = AGENTS.get(row.agent_name).build(None, codec, flow_cfg, services)
+                ids = await flow.first_observation(row)
                 over += len(ids) > flow_cfg.max_obs_tokens
             except (TypeError, ValueError, KeyError) as e:
                 out.append(f"{where}: env_kwargs {row.env_kwargs}: {type(e).__name__}: {e}")

@@ -5,9 +5,9 @@
 retrieval server. A failing server is retried with back-off, then ``RetrievalError`` (the search
 tool turns that into error feedback for the model; the episode goes on).
 
-A process has one default retriever (``set_default``): the rollout worker sets it from the run's
-``retrieval`` config (the run's retriever role, or the index in-process), so recipes' tools need
-no addresses.
+A run's retriever (``run_retriever``: its retriever role, or the index in-process) reaches the
+search tools through the ``Services`` their environment is given, so recipes' tools need no
+addresses.
 """
 
 from __future__ import annotations
@@ -92,43 +92,33 @@ def open_index(path: str, mode: str = "sparse") -> Index:
     return Index(Path(path), mode)
 
 
-_DEFAULT: list[Retriever] = []
-
-
-def set_default(retriever: Retriever | None) -> None:
-    _DEFAULT[:] = [retriever] if retriever is not None else []
-
-
-def default_retriever() -> Retriever:
-    if not _DEFAULT:
-        raise RetrievalError(
-            "no retriever configured: set retrieval.index=DIR in the run's config (or give the "
-            "search tool an index or url option); build one with agent-r1 index build"
-        )
-    return _DEFAULT[0]
-
-
-def use_run_retriever(cfg: Any, rd: Any = None) -> None:
-    """This process's search tools use the run's retriever role (``retrieval.serve`` and a run
-    directory ``rd``) or the index in-process; nothing when the run has no ``retrieval.index``."""
+def run_retriever(cfg: Any, rd: Any = None) -> Retriever | None:
+    """The run's retriever for this process's search tools: its retriever role (``retrieval.serve``
+    and a run directory ``rd``) or the index in-process; None when the run has no ``retrieval.index``."""
     r = cfg.retrieval
     if not r.index:
-        return
+        return None
     if r.serve and rd is not None:
         from agent_r1.service import follow_published
 
         current = follow_published(rd.retriever_file, cfg.rollout.ready_timeout_s, "retriever")
-        set_default(HttpRetriever(current, rd.api_key()))  # a restarted retriever is found again
         log.info("search tools use the run's retriever at %s", current())
-    else:
-        set_default(LocalRetriever(open_index(r.index, r.mode)))
-        log.info("search tools use the index %s in this process", r.index)
+        return HttpRetriever(current, rd.api_key())  # a restarted retriever is found again
+    log.info("search tools use the index %s in this process", r.index)
+    return LocalRetriever(open_index(r.index, r.mode))
 
 
 def make_retriever(index: str | None = None, url: str | None = None, mode: str = "sparse",
-                   api_key: str | None = None) -> Retriever:  # fmt: skip
+                   api_key: str | None = None, given: Retriever | None = None) -> Retriever:  # fmt: skip
+    """The search tool's retriever: its own ``url`` or ``index`` option, else the one its
+    environment was ``given`` (the run's, or a command's ``--index``)."""
     if url:
         return HttpRetriever(url, api_key)
     if index:
         return LocalRetriever(open_index(str(index), mode))
-    return default_retriever()
+    if given is None:
+        raise RetrievalError(
+            "no retriever configured: set retrieval.index=DIR in the run's config (or --index DIR,"
+            " or give the search tool an index or url option); build one with agent-r1 index build"
+        )
+    return given

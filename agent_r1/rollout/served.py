@@ -4,8 +4,8 @@ A run serves helper models beside the policy, each by its own role (``rollout.he
 ``{selector: HF_DIR, summarizer: HF_DIR}``; ``algorithm.teacher`` is the helper named
 ``teacher``). Each publishes its address under ``control/<name>s/`` like the policy's servers
 under ``control/servers/``; the addresses are read at every use, so a restarted helper is found
-again. Code that needs a model by name (the paper-search LLM judge, the summarising context) asks
-``served(name)``; the run's processes register the run's models with ``use_run_models``.
+again. ``run_models`` gives them by name; code that needs one (the paper-search LLM judge, the
+summarising context) asks its environment's ``Services.model(name)``.
 """
 
 from __future__ import annotations
@@ -46,23 +46,6 @@ class ServedModel:
         return RolloutClient(servers=urls, timeout_s=timeout_s, api_key=self.api_key)
 
 
-_SERVED: dict[str, ServedModel] = {}
-
-
-def register(model: ServedModel) -> None:
-    _SERVED[model.name] = model
-
-
-def served(name: str) -> ServedModel:
-    if name not in _SERVED:
-        known = ", ".join(sorted(_SERVED)) or "none"
-        raise ValueError(
-            f"no model named {name!r} is served to this process (known: {known}); in a run, set "
-            f"rollout.helpers.{name}=HF_DIR and the launcher starts a {name!r} role"
-        )
-    return _SERVED[name]
-
-
 def helper_models(cfg: Any) -> dict[str, str]:
     """The run's helper models, name -> HF folder (``rollout.helpers`` + the OPD teacher)."""
     out = dict(cfg.rollout.helpers)
@@ -71,15 +54,19 @@ def helper_models(cfg: Any) -> dict[str, str]:
     return out
 
 
-def use_run_models(cfg: Any, rd: Any) -> None:
-    """Register the run's policy (its router when ``rollout.router``) and every helper model."""
+def run_models(cfg: Any, rd: Any) -> dict[str, ServedModel]:
+    """The run's policy (its router when ``rollout.router``) and every helper model, by name. Their
+    addresses are read at every use: nothing is asked before an episode needs it."""
     key, wait = rd.api_key(), cfg.rollout.ready_timeout_s
     urls = (lambda: _router(rd)) if cfg.rollout.router else (lambda: published_urls(rd.servers))
-    register(ServedModel("policy", cfg.model.path, urls, key, wait))
+    models = {"policy": ServedModel("policy", cfg.model.path, urls, key, wait)}
     for name, path in helper_models(cfg).items():
-        register(ServedModel(name, path, functools.partial(published_urls, rd.helper_dir(name)), key, wait))
+        models[name] = ServedModel(
+            name, path, functools.partial(published_urls, rd.helper_dir(name)), key, wait
+        )
     if helper_models(cfg):
         log.info("helper models of the run: %s", ", ".join(sorted(helper_models(cfg))))
+    return models
 
 
 def _router(rd: Any) -> list[str]:

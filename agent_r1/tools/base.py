@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import jsonschema
 
 from agent_r1.registry import Registry
+from agent_r1.tools.services import NO_SERVICES, Services
 
 
 class ToolError(Exception):
@@ -32,6 +33,8 @@ class BaseTool:
     description: ClassVar[str] = ""
     parameters: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
     timeout_s: float = 10.0
+    # the services of the environment the tool runs in (its ToolEnv sets them): the retriever, ...
+    services: Services = NO_SERVICES
 
     def __init__(self, **kwargs: Any):
         if kwargs:

@@ -52,7 +52,11 @@ class Search(BaseTool):
             raise ToolError(f"the query has {len(query)} characters (max {MAX_QUERY_CHARS})")
         index, url, mode = self._spec
         try:
-            hits = (await make_retriever(index, url, mode).search([query], self.topk))[0]
+            hits = (
+                await make_retriever(index, url, mode, given=self.services.retriever).search(
+                    [query], self.topk
+                )
+            )[0]
         except RetrievalError as e:
             raise ToolError(f"retrieval failed ({e})") from None
         return self.output(query, hits)

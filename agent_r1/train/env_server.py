@@ -1,13 +1,15 @@
 """A recipe's environment as a service of the run (``rollout.env_server``): the launchers start
 one ``env_server`` role (restarted when it dies, on a rollout node under Slurm) from the recipe's
-``server.serve``; every worker's environments and the warm start talk to it through the recipe's
-``use_env_server`` (the ``Recipe`` protocol). Rows get the environment option ``server: run``."""
+``server.serve``; every worker's environments and the warm start reach it through the
+``Services.env_server`` they are given (``run_env_server``). Rows get the option ``server: run``."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 from typing import Any
+
+from agent_r1.tools.services import EnvServer
 
 log = logging.getLogger(__name__)
 
@@ -28,24 +30,20 @@ def serve_env(cfg: Any, host: str, port: int, ready_file: Path, api_key: str | N
 PENDING = "http://env-server.pending"  # an address for checks before the run starts its server
 
 
-def use_pending_env_server(cfg: Any) -> None:
-    """Preflight: environments are built against the server the run will start (nothing is asked
-    of it before an episode's first action)."""
-    if cfg.rollout.env_server:
-        from recipes import load_recipe
-
-        load_recipe(cfg.recipe.name).use_env_server(PENDING, None)
-
-
-def use_run_env_server(cfg: Any, rd: Any) -> None:
-    """This process's environments use the run's environment server (when ``rollout.env_server``)."""
+def run_env_server(cfg: Any, rd: Any, pending: bool = False) -> EnvServer | None:
+    """The run's environment server (``rollout.env_server``), as its environments reach it: its
+    current address, read at every episode (sessions of a server that died fail over to env_error
+    after their retries). ``pending``: before the run starts it (pre-flight) — a placeholder address
+    nothing is asked of before an episode's first action."""
     if not cfg.rollout.env_server:
-        return
-    from agent_r1.service import follow_published
-
-    # sessions of a server that died fail over to env_error after their retries
-    current = follow_published(rd.env_server_file, cfg.rollout.ready_timeout_s, "environment server")
+        return None
     from recipes import load_recipe
 
-    load_recipe(cfg.recipe.name).use_env_server(current, rd.api_key())
+    load_recipe(cfg.recipe.name).server()  # a recipe without a service: the error names the key
+    if pending:
+        return EnvServer(PENDING)
+    from agent_r1.service import follow_published
+
+    current = follow_published(rd.env_server_file, cfg.rollout.ready_timeout_s, "environment server")
     log.info("environments use the run's %s server at %s", cfg.recipe.name, current())
+    return EnvServer(current, rd.api_key())

@@ -171,17 +171,17 @@ class Trainer:
 
         load_all()
         from agent_r1.train.rows import split_rows
-        from agent_r1.train.services import use_run_services
+        from agent_r1.train.services import run_services
 
         recipe = load_recipe(self.cfg.recipe.name)
-        # demonstrations search, are judged and summarised, and shop like the policy will
-        use_run_services(self.cfg, self.rd)
         rows = split_rows(self.cfg, "train")
         rows = (rows * (self.cfg.sft.demos // len(rows) + 1))[: self.cfg.sft.demos]
         flow = self.cfg.episode.flow()
         trajs = demonstration_records(
-            recipe, rows, self.codec, flow, self.cfg.sft.seed, **self.cfg.sft.options
-        )
+            recipe, rows, self.codec, flow, self.cfg.sft.seed,
+            services=run_services(self.cfg, self.rd),  # search, judges and shops like the policy will
+            **self.cfg.sft.options,
+        )  # fmt: skip
         table = records_to_table([s for t in trajs for s in t.steps])
         write_shard(sft_dir, 0, 0, table)
         finalize_iteration(sft_dir, 0)

@@ -12,13 +12,21 @@ from typing import Any
 
 from agent_r1.agent.chat import ChatCodec
 from agent_r1.agent.demonstrations import Demonstrator, Misstep
+from agent_r1.tools.services import Services
 
 
 def demonstration_records(
-    recipe: Any, rows: list[Any], codec: ChatCodec, flow: Any, seed: int, **options: Any
+    recipe: Any,
+    rows: list[Any],
+    codec: ChatCodec,
+    flow: Any,
+    seed: int,
+    services: Services | None = None,
+    **options: Any,
 ):
-    """Step records of the recipe's demonstrations for ``rows`` (``recipe.demonstrations``); a
-    ``Misstep`` turn's action is masked (not imitated)."""
+    """Step records of the recipe's demonstrations for ``rows`` (``recipe.demonstrations``), their
+    environments given ``services`` (the run's); a ``Misstep`` turn's action is masked (not
+    imitated)."""
     from agent_r1.agent.episodes import run_episodes
 
     if recipe.demonstrations is None:
@@ -26,7 +34,16 @@ def demonstration_records(
     scripts = recipe.demonstrations(rows, seed=seed, **options)
     by_id = {f"sft-p{i}-s0": s for i, s in enumerate(scripts)}
     trajs = asyncio.run(
-        run_episodes(rows, Demonstrator(codec, by_id), codec, flow, 1, id_prefix="sft", progress=False)
+        run_episodes(
+            rows,
+            Demonstrator(codec, by_id),
+            codec,
+            flow,
+            1,
+            id_prefix="sft",
+            progress=False,
+            services=services,
+        )
     )
     errors, accepted = [], []
     for t in trajs:

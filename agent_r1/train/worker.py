@@ -17,7 +17,7 @@ import pyarrow as pa
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.metrics import episode_stats
 from agent_r1.train.run_dir import RunDir
-from agent_r1.train.services import use_run_services
+from agent_r1.train.services import run_services
 from agent_r1.train.tasks import RoleTimeout, RolloutTask, acknowledge, pending_tasks
 
 log = logging.getLogger("agent_r1.worker")
@@ -100,7 +100,7 @@ class Worker:
         self.codec = ChatCodec.load(cfg.model.path)
         self._rows: dict[str, list[Any]] = {}
         self.api_key = rd.api_key()
-        use_run_services(cfg, rd)
+        self.services = run_services(cfg, rd)  # what its episodes use besides the policy
 
     def rows(self, split: str) -> list[Any]:
         if split not in self._rows:
@@ -199,6 +199,7 @@ class Worker:
                     max_concurrency=rc.max_concurrency,
                     progress=False,
                     on_episode=on_episode,
+                    services=self.services,
                 )
             except RolloutError as e:
                 if attempt == self.MAX_ATTEMPTS:

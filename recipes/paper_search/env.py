@@ -85,7 +85,7 @@ class PaperSearchEnv(ToolEnv):
         tool_kwargs.setdefault("expand", {"graph": graph, "seed": seed})
         super().__init__(codec, context="rewrite", **kwargs)
         self.graph = load_graph(graph, seed)
-        self.selector = SELECTORS.get(selector)(**(selector_kwargs or {}))
+        self.selector = SELECTORS.get(selector)(**(selector_kwargs or {}), services=self.services)
         self.select_threshold, self.discretize, self.call_cost = select_threshold, discretize, call_cost
         self.show_candidates, self.max_prompt_tokens = show_candidates, max_prompt_tokens
         self.query, self.relevant = "", set()

@@ -16,6 +16,7 @@ import re
 from typing import Any
 
 from agent_r1.registry import Registry
+from agent_r1.tools.services import NO_SERVICES, Services
 
 JUDGE_PROMPT = (
     "Query: {query}\nPaper: {title}. {abstract}\nIs this paper relevant to the query? Answer Yes or No."
@@ -30,6 +31,9 @@ def content_words(text: str) -> set[str]:
 
 
 class Selector:
+    def __init__(self, services: Services = NO_SERVICES) -> None:
+        """``services``: the environment's (a judge served by name)."""
+
     def scores(self, query: str, papers: list[Any]) -> list[float]:
         raise NotImplementedError
 
@@ -48,7 +52,7 @@ class LexicalSelector(Selector):
 
 @SELECTORS.register("embedding")
 class EmbeddingSelector(Selector):
-    def __init__(self) -> None:
+    def __init__(self, services: Services = NO_SERVICES) -> None:
         from agent_r1.retrieval.index import Embedder
 
         self.embed = Embedder()
@@ -72,13 +76,13 @@ class LLMSelector(Selector):
         model: str = "selector",
         api_key: str | None = None,
         timeout_s: float = 60.0,
+        services: Services = NO_SERVICES,
     ):
         from agent_r1.agent.chat import ChatCodec
-        from agent_r1.rollout.served import served
 
         if url and not tokenizer:
             raise ValueError("selector llm: a judge given by url needs tokenizer=HF_DIR of its model")
-        self.served = None if url else served(model)
+        self.served = None if url else services.model(model)
         self.codec = ChatCodec.load(tokenizer or self.served.model)
         self.url, self.api_key, self.timeout_s = url, api_key, timeout_s
         self.answers = [self.codec.encode(w) for w in ("Yes", "No")]

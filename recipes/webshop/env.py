@@ -15,7 +15,6 @@ launcher's ``env_webshop`` role; or a URL). A server that stays unreachable ends
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from agent_r1.agent.context import Turn
@@ -25,6 +24,7 @@ from agent_r1.agent.tool_env import ToolEnv
 from agent_r1.agent.types import Action, Observation, StepResult
 from agent_r1.tools import TOOLS, ToolError, ToolOutput
 from agent_r1.tools.env_step import EnvStepTool
+from agent_r1.tools.services import Services
 from recipes.webshop.catalog import Goal
 from recipes.webshop.data import AGENT, PRODUCTS_PER_KIND, SYSTEM, shop_for
 from recipes.webshop.sessions import EnvServerError, LocalSession, RemoteSession
@@ -32,26 +32,17 @@ from recipes.webshop.sessions import EnvServerError, LocalSession, RemoteSession
 SUCCESS_REWARD, INVALID_PENALTY = 10.0, 0.1
 
 
-_ENV_SERVER: dict[str, Any] = {}  # the run's environment server: {"url": str | () -> str, "api_key": ...}
-
-
-def use_env_server(url: str | Callable[[], str] | None, api_key: str | None = None) -> None:
-    """Where ``server="run"`` points in this process (the worker sets it from the run directory):
-    an address, or a function that reads the current one (a restarted server may move)."""
-    _ENV_SERVER.clear()
-    if url:
-        _ENV_SERVER.update(url=url, api_key=api_key)
-
-
-def server_url(server: str | None) -> str | None:
+def server_url(server: str | None, services: Services) -> tuple[str | None, str | None]:
+    """(the site's address, its API key): None for the site in this process (``server`` unset or
+    ``local``), the run's environment server for ``run`` (its current address: a restarted server
+    may move), else ``server`` itself."""
     if server in (None, "", "local"):
-        return None
+        return None, None
     if server == "run":
-        if "url" not in _ENV_SERVER:
-            raise ValueError("webshop: server=run, but this process knows no environment server of a run")
-        url = _ENV_SERVER["url"]
-        return url() if callable(url) else url
-    return server
+        if services.env_server is None:
+            raise ValueError("webshop: server=run, but this episode was given no environment server of a run")
+        return services.env_server.current(), services.env_server.api_key
+    return server, None
 
 
 @TOOLS.register("env_step")
@@ -74,7 +65,7 @@ class WebShopEnv(ToolEnv):
         kwargs.setdefault("system_prompt", SYSTEM)
         super().__init__(codec, context="rewrite", **kwargs)
         self.where = (data, seed, human, products)
-        server_url(server)  # a bad option fails here; each episode asks for the address (it may move)
+        server_url(server, self.services)  # a bad option fails here; each episode asks for the address
         self.server = server
         self.tools["env_step"].env = self
         self.keep_actions = keep_actions
@@ -90,9 +81,9 @@ class WebShopEnv(ToolEnv):
         if not isinstance(goal, dict):
             raise ValueError("webshop: the row's extra_info has no goal")
         self.start_history(prompt)
-        url = server_url(self.server)
+        url, api_key = server_url(self.server, self.services)
         if url is not None:
-            self.session = RemoteSession(url, Goal(**goal), _ENV_SERVER.get("api_key"))
+            self.session = RemoteSession(url, Goal(**goal), api_key)
         else:
             self.session = LocalSession(shop_for(*self.where), Goal(**goal))
         self.actions, self.errors = [], []

@@ -82,15 +82,16 @@ def test_summary_written_by_the_served_policy(codec, tiny_model_dir, tmp_path):
     from rollout_servers import ServerProc
     from transformers import AutoModelForCausalLM
 
-    from agent_r1.rollout.served import ServedModel, register
+    from agent_r1.rollout.served import ServedModel
+    from agent_r1.tools.services import Services
 
     h = _history(codec, n_pairs=5)
     old = h.turns[1:-2]
     s = ServerProc(tiny_model_dir, tmp_path, "policy")
     try:
-        register(ServedModel("policy", str(tiny_model_dir), lambda: [s.url]))
+        services = Services(models={"policy": ServedModel("policy", str(tiny_model_dir), lambda: [s.url])})
         ctx = build_context(
-            codec, "summarize", max_tokens=h.total_tokens() - 10, keep_last=2, summarizer="policy",
+            codec, "summarize", services, max_tokens=h.total_tokens() - 10, keep_last=2, summarizer="policy",
             summary_tokens=6,
         )  # fmt: skip
         asyncio.run(ctx.update(h))

@@ -74,7 +74,7 @@ def command_problems(path: Path, parser: argparse.ArgumentParser, targets: set[s
             for t in re.findall(r"\bmake ([a-z][\w-]*)", line):
                 if t not in targets:
                     out.append(f"{where}: `make {t}`: no such target in the Makefile")
-            for script in re.findall(r"\b(?:python |bash )?(tools/[\w/]+\.(?:py|sh))", line):
+            for script in re.findall(r"(?<![\w/.-])(tools/[\w/]+\.(?:py|sh))", line):
                 if not (ROOT / script).exists():
                     out.append(f"{where}: {script}: no such script")
     return out

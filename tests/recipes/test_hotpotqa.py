@@ -13,10 +13,11 @@ from scripted import ScriptedPolicy
 from agent_r1.agent.flow import AGENTS, FlowConfig
 from agent_r1.agent.tool_calls import format_tool_call
 from agent_r1.agent.types import SamplingParams
-from agent_r1.retrieval.client import LocalRetriever, open_index, set_default
+from agent_r1.retrieval.client import LocalRetriever, open_index
 from agent_r1.retrieval.index import build_index
 from agent_r1.rewards import compute_reward
 from agent_r1.rewards.qa import exact_match, f1_score, normalize_answer
+from agent_r1.tools.services import Services
 from recipes import load_recipe
 from recipes.hotpotqa.loaders import DatasetError, dataset_passages, read_examples
 
@@ -201,16 +202,14 @@ def test_world_is_seeded_and_splits_are_disjoint():
 def world_retriever(tmp_path_factory):
     out = tmp_path_factory.mktemp("idx") / "world"
     build_index(D.passages(0), out)
-    set_default(LocalRetriever(open_index(str(out))))
-    yield
-    set_default(None)
+    return Services(retriever=LocalRetriever(open_index(str(out))))  # what a run's episodes are given
 
 
-def _run(codec, row, script, **flow):
+def _run(services, codec, row, script, **flow):
     policy = ScriptedPolicy(codec, script)
     flow = {"max_steps": 8, "max_action_tokens": 200, **flow}
     sampling = SamplingParams(max_new_tokens=flow["max_action_tokens"])
-    agent = AGENTS.get(row.agent_name).build(policy, codec, FlowConfig(sampling=sampling, **flow))
+    agent = AGENTS.get(row.agent_name).build(policy, codec, FlowConfig(sampling=sampling, **flow), services)
     return asyncio.run(agent.run(row, "t", "g")), policy
 
 
@@ -218,7 +217,7 @@ def test_demonstrations_replay_to_full_reward(codec, world_retriever):
     """Every hop length and kind: the demonstrator's searches find each next name, EM = 1."""
     rows = D.build_rows("test", 24, seed=0, hops=[2, 3, 4], kinds=["bridge", "comparison"])
     for row, script in zip(rows, D.demonstrations(rows, hop_rate=1.0), strict=True):
-        traj, _ = _run(codec, row, script, max_obs_tokens=4096)
+        traj, _ = _run(world_retriever, codec, row, script, max_obs_tokens=4096)
         assert traj.metrics["success"] == 1.0, (row.extra_info, script)
         assert len(traj.steps) == len(row.extra_info["hops"]) + 1
         assert traj.steps[-1].info["reward"]["metrics"] == {"em": 1.0, "f1": 1.0}
@@ -229,7 +228,7 @@ def test_noisy_demonstrator_stops_early_and_fails(codec, world_retriever):
     scripts = D.demonstrations(rows, seed=0, hop_rate=0.5)
     short = [(r, s) for r, s in zip(rows, scripts, strict=True) if len(s) == 2]
     assert 5 < len(short) < 35
-    traj, _ = _run(codec, *short[0])
+    traj, _ = _run(world_retriever, codec, *short[0])
     assert (
         traj.metrics["success"] == 0.0
         and traj.steps[-1].info["reward"]["prediction"] == short[0][0].extra_info["hops"][1]
@@ -243,7 +242,7 @@ def test_rewrite_observation_forced_search_and_concurrent_calls(codec, world_ret
         format_tool_call("search", {"query": q}) for q in [title, person, "festival", "born", "x"]
     )
     script = ["<answer>guess</answer>", calls, "<answer>done</answer>"]
-    traj, policy = _run(codec, row, script, max_action_tokens=1000, max_obs_tokens=4096)
+    traj, policy = _run(world_retriever, codec, row, script, max_action_tokens=1000, max_obs_tokens=4096)
     s0, s1, s2 = traj.steps
     # forced first search: an answer at step 1 is an error observation, not the end
     assert not s0.done and s0.info["num_tool_errors"] == 1 and "search first" in s0.feedback
@@ -272,8 +271,8 @@ def test_passages_shrink_to_the_token_budget_and_the_prefix_is_never_cut(codec, 
     from agent_r1.agent.env import make_env
 
     row = D.build_rows("test", 1, seed=0)[0]
-    big = make_env("hotpotqa", codec, max_prompt_tokens=100_000)
-    small = make_env("hotpotqa", codec, max_prompt_tokens=520)
+    big = make_env("hotpotqa", codec, world_retriever, max_prompt_tokens=100_000)
+    small = make_env("hotpotqa", codec, world_retriever, max_prompt_tokens=520)
     for env in (big, small):
         env.reset(prompt=row.prompt)
         env.passages = {f"p{i}": (f"T{i}", "word " * 30) for i in range(8)}

@@ -12,8 +12,9 @@ from scripted import ScriptedPolicy
 from agent_r1.agent.flow import AGENTS, FlowConfig
 from agent_r1.agent.tool_calls import format_tool_call
 from agent_r1.agent.types import SamplingParams
-from agent_r1.retrieval.client import LocalRetriever, open_index, set_default
+from agent_r1.retrieval.client import LocalRetriever, open_index
 from agent_r1.retrieval.index import build_index
+from agent_r1.tools.services import Services
 from recipes import load_recipe
 from recipes.paper_search.graph import GraphError, load_graph, read_graph
 from recipes.paper_search.selector import SELECTORS
@@ -26,16 +27,14 @@ from recipes.paper_search.env import recall_f1  # noqa: E402  (after the recipe 
 def paper_index(tmp_path_factory):
     out = tmp_path_factory.mktemp("idx") / "papers"
     build_index(D.passages(0), out)
-    set_default(LocalRetriever(open_index(str(out))))
-    yield out
-    set_default(None)
+    return Services(retriever=LocalRetriever(open_index(str(out))))  # what a run's episodes are given
 
 
-def _run(codec, row, script, **env):
+def _run(services, codec, row, script, **env):
     policy = ScriptedPolicy(codec, script)
     row = type(row)(**{**row.__dict__, "env_kwargs": {**row.env_kwargs, **env}})
     flow = FlowConfig(max_action_tokens=400, max_obs_tokens=8192, sampling=SamplingParams(max_new_tokens=400))
-    return asyncio.run(AGENTS.get(row.agent_name).build(policy, codec, flow).run(row, "t", "g"))
+    return asyncio.run(AGENTS.get(row.agent_name).build(policy, codec, flow, services).run(row, "t", "g"))
 
 
 def test_generated_graph_structure():
@@ -80,7 +79,7 @@ def test_recall_f1_by_hand():
 def test_demonstrations_replay_to_full_recall(codec, paper_index):
     rows = D.build_rows("test", 12, seed=0)
     for row, script in zip(rows, D.demonstrations(rows, expand_rate=1.0), strict=True):
-        traj = _run(codec, row, script)
+        traj = _run(paper_index, codec, row, script)
         assert traj.metrics["success"] == 1.0, codec.decode(traj.steps[-1].obs_token_ids)
         m = traj.steps[-1].info["reward"]["metrics"]
         assert m["recall"] == 1.0 and m["precision"] == 1.0
@@ -88,7 +87,7 @@ def test_demonstrations_replay_to_full_recall(codec, paper_index):
         assert traj.steps[0].reward == 3.0
         assert traj.steps[1].reward == 3.0 and traj.steps[2].reward == 0.0
     short = D.demonstrations(rows, seed=3, expand_rate=0.0)[0]
-    traj = _run(codec, rows[0], short)
+    traj = _run(paper_index, codec, rows[0], short)
     assert traj.metrics["success"] == 0.0
     assert traj.steps[-1].info["reward"]["metrics"]["recall"] == pytest.approx(3 / 8)
 
@@ -99,7 +98,7 @@ def test_penalties_and_costs_by_hand(codec, paper_index):
     s = lambda q: format_tool_call("search", {"query": q})  # noqa: E731
     e = lambda p: format_tool_call("expand", {"paper_id": p})  # noqa: E731
     script = [s(phrase), "\n".join([s(phrase), e(a), e("P9999")]), "\n".join([e(a), e(b)]), "Done."]
-    traj = _run(codec, row, script, call_cost=0.1, discretize=0.4)
+    traj = _run(paper_index, codec, row, script, call_cost=0.1, discretize=0.4)
     r = [st.reward for st in traj.steps]
     relevant = set(row.reward_model["ground_truth"])
     calls = [[c for c in st.info.get("tool_calls", [])] for st in traj.steps]
@@ -176,7 +175,7 @@ def test_llm_selector_matches_the_hf_model(tiny_model_dir, tmp_path):
     from rollout_servers import ServerProc
     from transformers import AutoModelForCausalLM
 
-    from agent_r1.rollout.served import ServedModel, register
+    from agent_r1.rollout.served import ServedModel
     from recipes.paper_search.selector import JUDGE_PROMPT
 
     g = load_graph(None, 0)
@@ -185,8 +184,8 @@ def test_llm_selector_matches_the_hf_model(tiny_model_dir, tmp_path):
     try:
         sel = SELECTORS.get("llm")(url=s.url, tokenizer=str(tiny_model_dir))
         got = asyncio.run(sel.scores("Find papers about robust token pruning.", papers))
-        register(ServedModel("selector", str(tiny_model_dir), lambda: [s.url]))
-        helper = SELECTORS.get("llm")()
+        served = Services(models={"selector": ServedModel("selector", str(tiny_model_dir), lambda: [s.url])})
+        helper = SELECTORS.get("llm")(services=served)
         assert asyncio.run(helper.scores("Find papers about robust token pruning.", papers)) == got
     finally:
         s.kill()
@@ -211,7 +210,7 @@ def test_dead_llm_selector_is_error_feedback(codec, paper_index, tiny_model_dir)
     row = D.build_rows("test", 1, seed=0)[0]
     script = [format_tool_call("search", {"query": row.extra_info["phrase"]}), "Done."]
     kwargs = {"url": "http://127.0.0.1:9", "tokenizer": str(tiny_model_dir)}
-    traj = _run(codec, row, script, selector="llm", selector_kwargs=kwargs)
+    traj = _run(paper_index, codec, row, script, selector="llm", selector_kwargs=kwargs)
     assert len(traj.steps) == 2 and traj.steps[0].reward == 0.0  # nothing scored, nothing paid
     assert "the selector failed" in codec.decode(traj.steps[1].obs_token_ids)
 
@@ -221,7 +220,7 @@ def test_a_rows_own_system_message_is_the_system_turn(codec, paper_index):
     script = D.demonstrations(rows, expand_rate=1.0)[0]
     own = type(rows[0])(**{**rows[0].__dict__, "prompt": [
         {"role": "system", "content": "You find papers for a reviewer. Be thorough."}, rows[0].prompt[-1]]})  # fmt: skip
-    first = codec.decode(_run(codec, own, script).steps[0].obs_token_ids)
+    first = codec.decode(_run(paper_index, codec, own, script).steps[0].obs_token_ids)
     assert "You find papers for a reviewer. Be thorough." in first and D.SYSTEM not in first
-    default = codec.decode(_run(codec, rows[0], script).steps[0].obs_token_ids)
+    default = codec.decode(_run(paper_index, codec, rows[0], script).steps[0].obs_token_ids)
     assert D.SYSTEM in default  # the recipe's rows carry its default system prompt

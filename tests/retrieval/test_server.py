@@ -13,8 +13,9 @@ import urllib.request
 
 import pytest
 
-from agent_r1.retrieval.client import HttpRetriever, LocalRetriever, RetrievalError, open_index, set_default
+from agent_r1.retrieval.client import HttpRetriever, LocalRetriever, RetrievalError, open_index
 from agent_r1.tools import TOOLS, ToolError
+from agent_r1.tools.services import Services
 
 CLI = [sys.executable, "-m", "agent_r1.cli"]
 KEY = "s3cret"
@@ -134,26 +135,22 @@ def test_dead_server_is_retried_then_reported():
 
 def test_search_tool_errors_are_tool_errors(world_index):
     tool = TOOLS.get("search")(topk=2)
-    set_default(LocalRetriever(open_index(str(world_index))))
-    try:
-        out = asyncio.run(tool.execute({"query": "Where was it?"}))
-        assert out.result.startswith("Doc 1(Title: ") and len(out.info["hits"]) == 2
-        for args, needle in [({"query": "   "}, "empty"), ({"query": "q" * 400}, "max 300")]:
-            with pytest.raises(ToolError, match=needle):
-                asyncio.run(tool.execute(args))
-        with pytest.raises(ToolError, match="invalid argument 'query'"):
-            tool.validate({"query": 5})
-        with pytest.raises(ToolError, match="'query' is a required property"):
-            tool.validate({})
-    finally:
-        set_default(None)
+    tool.services = Services(retriever=LocalRetriever(open_index(str(world_index))))  # as its ToolEnv does
+    out = asyncio.run(tool.execute({"query": "Where was it?"}))
+    assert out.result.startswith("Doc 1(Title: ") and len(out.info["hits"]) == 2
+    for args, needle in [({"query": "   "}, "empty"), ({"query": "q" * 400}, "max 300")]:
+        with pytest.raises(ToolError, match=needle):
+            asyncio.run(tool.execute(args))
+    with pytest.raises(ToolError, match="invalid argument 'query'"):
+        tool.validate({"query": 5})
+    with pytest.raises(ToolError, match="'query' is a required property"):
+        tool.validate({})
     down = TOOLS.get("search")(url="http://127.0.0.1:9")  # retried (0.5 + 1 + 2 s), then reported
     with pytest.raises(ToolError, match="retrieval failed .*127.0.0.1:9 failed"):
         asyncio.run(down.execute({"query": "x"}))
 
 
 def test_no_retriever_configured_is_a_clear_error():
-    set_default(None)
     with pytest.raises(ToolError, match="no retriever configured: set retrieval.index"):
         asyncio.run(TOOLS.get("search")().execute({"query": "x"}))
 
@@ -173,9 +170,9 @@ def test_index_build_errors_name_the_file(tmp_path):
 
 
 def test_the_runs_search_tools_follow_a_restarted_retriever(server, world_index, tmp_path):
-    """`use_run_retriever`: the address is read again for every request, so a retriever the
+    """`run_retriever`: the address is read again for every request, so a retriever the
     launcher restarted on a new port is found (the old client kept retrying the dead address)."""
-    from agent_r1.retrieval.client import default_retriever, use_run_retriever
+    from agent_r1.retrieval.client import run_retriever
     from agent_r1.train.config import load_config
     from agent_r1.train.run_dir import RunDir
 
@@ -187,17 +184,13 @@ def test_the_runs_search_tools_follow_a_restarted_retriever(server, world_index,
     rd.api_key_file.parent.mkdir(parents=True, exist_ok=True)
     rd.api_key_file.write_text(KEY)  # the run's key, which its retriever requires
     rd.retriever_file.write_text(json.dumps({"url": "http://127.0.0.1:9"}))  # the one that died
-    try:
-        use_run_retriever(cfg, rd)
-        r = default_retriever()
-        r.retries, r.timeout_s = 0, 2
-        with pytest.raises(RetrievalError, match="127.0.0.1:9 failed"):
-            asyncio.run(r.search(["x"], 1))
-        rd.retriever_file.write_text(json.dumps({"url": server}))  # restarted, on another port
-        hits = asyncio.run(r.search(["university"], 3))[0]
-        assert len(hits) == 3
-    finally:
-        set_default(None)
+    r = run_retriever(cfg, rd)
+    r.retries, r.timeout_s = 0, 2
+    with pytest.raises(RetrievalError, match="127.0.0.1:9 failed"):
+        asyncio.run(r.search(["x"], 1))
+    rd.retriever_file.write_text(json.dumps({"url": server}))  # restarted, on another port
+    hits = asyncio.run(r.search(["university"], 3))[0]
+    assert len(hits) == 3
 
 
 def test_fuzzed_retrieve_bodies_get_4xx_or_2xx(server):

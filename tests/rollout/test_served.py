@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from agent_r1.rollout.served import ServedModel, helper_models, register, served, use_run_models
+from agent_r1.rollout.served import ServedModel, helper_models, run_models
+from agent_r1.tools.services import Services
 from agent_r1.train.config import load_config
 from agent_r1.train.run_dir import RunDir
 
@@ -17,7 +18,7 @@ def test_run_models_are_found_where_their_roles_publish(tmp_path):
     cfg = load_config(["+rollout.helpers.selector=/m/judge", "algorithm.teacher=/m/teacher"])
     assert helper_models(cfg) == {"selector": "/m/judge", "teacher": "/m/teacher"}
     rd = RunDir.at(tmp_path).create()
-    use_run_models(cfg, rd)
+    served = Services(models=run_models(cfg, rd)).model
     assert served("selector").urls() == [] and served("teacher").model == "/m/teacher"
     rd.helper_dir("selector").mkdir(parents=True)
     (rd.helper_dir("selector") / "selector_0.json").write_text(json.dumps({"url": "http://a:1"}))
@@ -30,13 +31,13 @@ def test_run_models_are_found_where_their_roles_publish(tmp_path):
 
 def test_an_unserved_name_says_how_to_serve_it():
     with pytest.raises(ValueError, match=r"rollout.helpers.nobody=HF_DIR"):
-        served("nobody")
+        Services().model("nobody")
 
 
 def test_waiting_for_a_helper_that_never_comes_up_ends():
-    register(ServedModel("late", "/m", lambda: [], wait_s=0.2))
+    late = ServedModel("late", "/m", lambda: [], wait_s=0.2)
     with pytest.raises(RuntimeError, match="'late' model came up within"):
-        asyncio.run(served("late").client())
+        asyncio.run(late.client())
 
 
 @pytest.mark.parametrize("name", ["server", "policy", "teacher", "not-an-identifier"])
