@@ -53,10 +53,9 @@ class Recipe:
     tools: tuple[str, ...]
     demonstrations: Callable[..., list[list[str]]] | None = None
     passages: Callable[..., Any] | None = None
-    env: ModuleType | None = None
 
     @classmethod
-    def of(cls, name: str, data: ModuleType, env: ModuleType | None = None) -> Recipe:
+    def of(cls, name: str, data: ModuleType) -> Recipe:
         where = f"recipes/{name}/data.py"
         missing = [k for k in ("build_rows", "corpus", "TOOLS") if not hasattr(data, k)]
         if missing:
@@ -71,7 +70,7 @@ class Recipe:
         for k, fn in {"build_rows": data.build_rows, "corpus": data.corpus, **optional}.items():
             if fn is not None and not callable(fn):
                 raise RecipeError(f"{where}: {k} must be a function, got {type(fn).__name__}")
-        return cls(name, data, data.build_rows, data.corpus, tuple(tools), **optional, env=env)
+        return cls(name, data, data.build_rows, data.corpus, tuple(tools), **optional)
 
     @property
     def has_server(self) -> bool:
@@ -95,8 +94,9 @@ def load_recipe(name: str) -> Recipe:
     """The recipe, after importing its env module (which registers its agents and tools)."""
     if name not in RECIPES:
         raise KeyError(f"unknown recipe {name!r}; known: {list(RECIPES)}")
-    env = importlib.import_module(f"recipes.{name}.env") if (_HERE / name / "env.py").exists() else None
-    return Recipe.of(name, importlib.import_module(f"recipes.{name}.data"), env)
+    if (_HERE / name / "env.py").exists():
+        importlib.import_module(f"recipes.{name}.env")
+    return Recipe.of(name, importlib.import_module(f"recipes.{name}.data"))
 
 
 def load_all() -> None:

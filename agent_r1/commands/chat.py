@@ -242,12 +242,12 @@ def run(a: Any) -> int:
 
 def run_chat(a: Any) -> int:
     from agent_r1.commands.infer import parse_tools
-    from agent_r1.commands.policy import open_policy
+    from agent_r1.commands.policy import resolve_policy, serving
     from recipes import load_all
 
     load_all()
     tools = parse_tools(a.tools)
-    with open_policy(a, Path(a.export_dir), announce=True) as policy:
+    with serving(resolve_policy(a, Path(a.export_dir)), a, announce=True) as policy:
         return chat_loop(a, policy, tools)
 
 

@@ -151,7 +151,7 @@ def run(a: Any) -> int:
 def run_eval(a: Any) -> dict[str, Any]:
     """The ``agent-r1 eval`` command: returns the metrics it wrote to ``OUT/metrics.json``."""
     from agent_r1.agent.flow import AGENTS
-    from agent_r1.commands.policy import open_policy
+    from agent_r1.commands.policy import resolve_policy, serving
     from agent_r1.data.rows import load_rows
     from agent_r1.records.schema import records_to_table
     from agent_r1.records.shard import finalize_iteration, write_shard
@@ -161,8 +161,8 @@ def run_eval(a: Any) -> dict[str, Any]:
     # a run's evaluations without --out share one export of each checkpoint (RUN/evals/hf_iter_N)
     exports = Path(a.out or (Path(a.run) / "evals" if a.run else "eval_out"))
     exports.mkdir(parents=True, exist_ok=True)
-    with open_policy(a, exports, serve=False) as policy:  # resolved first: nothing starts for a bad path
-        cfg, source = policy.cfg, policy.source
+    policy = resolve_policy(a, exports)  # resolved first: nothing starts for a bad path
+    cfg, source = policy.cfg, policy.source
     out = Path(a.out) if a.out else default_out(a, source)
     out.mkdir(parents=True, exist_ok=True)
     recipe = a.recipe or (cfg.recipe.name if cfg is not None else "arithmetic_tool")
@@ -180,7 +180,7 @@ def run_eval(a: Any) -> dict[str, Any]:
         rows = load_recipe(recipe).build_rows(split=split, num=num, seed=r.seed if r else 0, **opts)
     concurrency = cfg.rollout.max_concurrency if cfg is not None else 64
     t0 = time.time()
-    with open_policy(a, exports) as policy:
+    with serving(policy, a):
         trajs = policy.run_episodes(
             rows, a.n, id_prefix="eval", max_concurrency=concurrency, progress=not a.no_progress
         )

@@ -228,7 +228,7 @@ def run(a: Any) -> int:
 
 
 def run_infer(a: Any) -> dict[str, Any]:
-    from agent_r1.commands.policy import open_policy
+    from agent_r1.commands.policy import resolve_policy, serving
     from recipes import load_all
 
     load_all()
@@ -236,15 +236,14 @@ def run_infer(a: Any) -> dict[str, Any]:
     out.parent.mkdir(parents=True, exist_ok=True)
     located = located_inputs(a.input, a.recipe, parse_tools(a.tools))
     rows = [row for _, row in located]
-    exports = out.parent / f"{out.stem}.models"
-    with open_policy(a, exports, serve=False) as policy:  # checked first: a prompt too long starts nothing
-        check_fits(located, policy.codec, policy.episode.max_obs_tokens)
+    policy = resolve_policy(a, out.parent / f"{out.stem}.models")
+    check_fits(located, policy.codec, policy.episode.max_obs_tokens)  # a prompt too long starts nothing
     done = done_indices(out, a.n)
     todo = [i for i in range(len(rows)) if i not in done]
     if done:
         log.info("resuming: %d of %d prompts already in %s", len(done), len(rows), out)
     t0 = time.time()
-    with open_policy(a, exports, servers=a.servers) as policy:
+    with serving(policy, a, servers=a.servers):
         for start in range(0, len(todo), a.chunk):
             idx = todo[start : start + a.chunk]
             trajs = policy.run_episodes(

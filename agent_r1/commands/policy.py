@@ -1,7 +1,7 @@
 """Where the policy of ``rollout``, ``eval``, ``infer`` and ``chat`` comes from: an HF folder, a
-run's checkpoint (exported to an HF folder) or a running server; ``open_policy`` resolves it,
-starts embedded servers where needed, and gives the codec, the server URLs and the episode
-settings (the run's, each overridden by the command line where given)."""
+run's checkpoint (exported to an HF folder) or a running server. ``resolve_policy`` gives its
+codec, episode settings (the run's, each overridden by the command line where given) and services;
+``serving`` starts embedded servers for it where no URL was given."""
 
 from __future__ import annotations
 
@@ -177,12 +177,9 @@ class Policy:
         return RolloutClient(servers=self.urls, api_key=self.api_key)
 
 
-@contextmanager
-def open_policy(
-    a: argparse.Namespace, export_dir: Path, servers: int = 1, serve: bool = True, announce: bool = False
-) -> Iterator[Policy]:
-    """The policy of ``--model`` / ``--run`` / ``--url``; without ``--url`` (and ``serve``), ``servers``
-    embedded servers run until the block ends."""
+def resolve_policy(a: argparse.Namespace, export_dir: Path) -> Policy:
+    """The policy of ``--model`` / ``--run`` / ``--url``: its codec, episode settings and services
+    (a run's checkpoint exported under ``export_dir``); nothing is started."""
     from agent_r1.agent.chat import ChatCodec
     from agent_r1.train.services import local_services
 
@@ -194,10 +191,19 @@ def open_policy(
     seed = a.seed if a.seed is not None else (cfg.trainer.seed if cfg is not None else 0)
     urls = [u for x in ([a.url] if isinstance(a.url, str) else a.url or []) for u in x.split(",")]
     services = local_services(getattr(a, "index", None), cfg)
-    policy = Policy(source, model, cfg, ChatCodec.load(tokenizer), episode, seed, urls, a.api_key, services)
+    return Policy(source, model, cfg, ChatCodec.load(tokenizer), episode, seed, urls, a.api_key, services)
+
+
+@contextmanager
+def serving(
+    policy: Policy, a: argparse.Namespace, servers: int = 1, announce: bool = False
+) -> Iterator[Policy]:
+    """``policy`` answered by ``servers`` embedded servers (``--max-len``, ``--dtype``) until the
+    block ends; with ``--url`` by the servers given."""
+    cfg, episode = policy.cfg, policy.episode
     procs: list[subprocess.Popen] = []
     try:
-        if serve and not urls:
+        if not policy.urls:
             max_len = a.max_len or (cfg.model.max_len if cfg is not None else episode.context_len)
             if episode.context_len > max_len:
                 raise UsageError(
@@ -207,9 +213,9 @@ def open_policy(
             dtype = a.dtype or (cfg.model.dtype if cfg is not None else "float32")
             threads = cfg.rollout.server_cpus if cfg is not None else None
             if announce:
-                print(f"starting the embedded engine for {model} ...", flush=True)
+                print(f"starting the embedded engine for {policy.model} ...", flush=True)
             for _ in range(servers):
-                proc, url = start_server(model, max_len, dtype, threads)
+                proc, url = start_server(policy.model, max_len, dtype, threads)
                 procs.append(proc)
                 policy.urls.append(url)
         yield policy

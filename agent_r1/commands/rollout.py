@@ -42,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(a: argparse.Namespace) -> int:
     from agent_r1.agent.flow import AGENTS
-    from agent_r1.commands.policy import open_policy
+    from agent_r1.commands.policy import resolve_policy, serving
     from agent_r1.data.rows import load_rows
     from recipes import load_all, load_recipe
 
@@ -50,24 +50,25 @@ def run(a: argparse.Namespace) -> int:
     load_all()
     if a.hf and not a.model:
         raise SystemExit("agent-r1 rollout: --hf needs --model")
-    with open_policy(a, Path("rollout_models"), serve=not a.hf) as policy:
-        seed = policy.seed
-        if a.data:
-            rows = load_rows(a.data, AGENTS)[: a.episodes]
-        else:
-            rows = load_recipe(a.recipe).build_rows(split=a.split, num=a.episodes, seed=seed)
-        flow = policy.episode.flow(seed)
-        log.info(
-            "%d rows x %d samples, %s, %s, temperature %g",
-            len(rows),
-            a.group_size,
-            policy.source,
-            "transformers" if a.hf else " ".join(policy.urls),
-            flow.sampling.temperature,
-        )
-        if a.hf:
-            trajs = asyncio.run(_hf_episodes(a, policy, rows, flow))
-        else:
+    policy = resolve_policy(a, Path("rollout_models"))
+    seed = policy.seed
+    if a.data:
+        rows = load_rows(a.data, AGENTS)[: a.episodes]
+    else:
+        rows = load_recipe(a.recipe).build_rows(split=a.split, num=a.episodes, seed=seed)
+    flow = policy.episode.flow(seed)
+    log.info(
+        "%d rows x %d samples, %s, %s, temperature %g",
+        len(rows),
+        a.group_size,
+        policy.source,
+        "transformers" if a.hf else " ".join(policy.urls) or "an embedded server",
+        flow.sampling.temperature,
+    )
+    if a.hf:
+        trajs = asyncio.run(_hf_episodes(a, policy, rows, flow))
+    else:
+        with serving(policy, a):
             trajs = policy.run_episodes(rows, a.group_size, wait_s=120, progress=not a.no_progress)
     for i, t in enumerate(trajs):
         errors = sum(s.info.get("num_tool_errors", 0) for s in t.steps)
