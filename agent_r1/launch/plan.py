@@ -5,7 +5,9 @@ tensors of the same shapes): it joins a fake process group of the preset's world
 rank, builds the learner exactly as a real rank does (Megatron-Core model from the HF config,
 DDP, distributed optimizer, critic and reference when the algorithm has them) on tensors that
 hold no memory (``learner.dry_run``), runs one full update on synthetic records at the preset's
-token budgets (every micro-batch, forward, backward, optimizer step) and the weight push, and
+token budgets (every record; each forward-backward schedule over its pp + 1 largest micro-batches,
+which reach the steady state's peak: ``dry_run.DryRun.schedule_limit``; the optimizer step) and
+the weight push, and
 reports per GPU: weights, gradient buffers, optimizer state (with fp32 main weights), the peak of
 activations and temporaries above those, the push's own peak, and the total against
 ``cluster.gpu_mem_gb``. A tensor on the wrong device, a collective NCCL would refuse and a
@@ -164,8 +166,11 @@ def measure_update(learner: Any, cfg: TrainConfig, vocab: int, memory: Any, out:
     out.activations = memory.peak - persistent
 
 
-def plan_stage(overrides: list[str], stage: int, fused_kernels: bool = True) -> StagePlan:
-    """Dry-run the first rank of pipeline stage ``stage`` (in this process: it patches torch)."""
+def plan_stage(
+    overrides: list[str], stage: int, fused_kernels: bool = True, every_microbatch: bool = False
+) -> StagePlan:
+    """Dry-run the first rank of pipeline stage ``stage`` (in this process: it patches torch);
+    ``every_microbatch`` runs the schedules over all micro-batches, not the pp + 1 largest."""
     import numpy as np
     from megatron.core import parallel_state as ps
 
@@ -176,7 +181,12 @@ def plan_stage(overrides: list[str], stage: int, fused_kernels: bool = True) -> 
     rank = stage * p.tp * p.dp  # Megatron's order tp-cp-ep-dp-pp: (tp 0, dp 0, pp stage)
     out = StagePlan(stage=stage, rank=rank)
     run = dry_run.DryRun(
-        rank, p.learner_ranks, backend=p.backend, pad_to=cfg.optim.pad_multiple, fused_kernels=fused_kernels
+        rank,
+        p.learner_ranks,
+        backend=p.backend,
+        pad_to=cfg.optim.pad_multiple,
+        fused_kernels=fused_kernels,
+        schedule_limit=None if every_microbatch else p.pp + 1,
     )
     with run:
         exports = _stage_export(hf_config, p.pp)

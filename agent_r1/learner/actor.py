@@ -196,9 +196,9 @@ class Actor:
 
         from agent_r1.learner import dry_run
 
+        micro = dry_run.schedule(micro)  # every one, except in agent-r1 plan's dry run
         data = iter(micro)
         last = ps.is_pipeline_last_stage()
-        dry_run.expect_microbatches([mb.num_tokens for mb in micro])
 
         def step(data_iterator, model):
             mb = next(data_iterator)

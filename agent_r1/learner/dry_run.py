@@ -20,7 +20,15 @@ the same device-mismatch error a CUDA run would. ``DryRun`` (a context manager):
   tensors the same way);
 * plans the GPU path's fused kernels (Transformer Engine's attention, RMSNorm and RoPE keep no
   fp32 or L x L intermediates) in place of the local spec's composite ones, unless
-  ``fused_kernels=False`` (then it plans exactly what the CPU learner runs).
+  ``fused_kernels=False`` (then it plans exactly what the CPU learner runs);
+* with ``schedule_limit`` K, runs each forward-backward schedule over the K largest of its
+  micro-batches (in their order) instead of every one: the rest of the update (every record, the
+  flat per-token buffers, the optimizer step) is as planned. Micro-batches of one size repeat the
+  same memory pattern, and 1F1B holds at most ``pp`` of them at once, so K = pp + 1 reaches the
+  steady state with the largest ones in flight: the peak of the whole schedule, at a fraction of
+  the time (a preset's update has hundreds of micro-batches). The last one run is a largest, so
+  what a schedule leaves behind (a later stage's model keeps its last received activation,
+  Megatron's ``set_input_tensor``) is planned at its largest too, never below the full run.
 """
 
 from __future__ import annotations
@@ -193,7 +201,8 @@ class DryRun:
     # the GPU path's fused kernels (Transformer Engine's spec: attention, RMSNorm, RoPE) stand in
     # for the local spec's composite ones; False plans exactly what the CPU learner runs
     fused_kernels: bool = True
-    microbatches: int = 0  # micro-batches the schedules ran
+    schedule_limit: int | None = None  # run each schedule over its K largest micro-batches
+    microbatches: int = 0  # micro-batches the update's schedules hold (all, not only those run)
     max_tokens: int = 0  # the longest one's tokens
     collectives: list[Collective] = field(default_factory=list)
     pushing: bool = False  # inside the weight push: whole-world gathers are refused
@@ -452,20 +461,28 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
     return _FusedAttention.apply(q, k, v)
 
 
-def expect_microbatches(lengths: list[int]) -> None:
-    """The schedule about to run packs these stream lengths (in order); no-op outside a dry run."""
+def schedule(micro: list[Any]) -> list[Any]:
+    """The micro-batches (packed streams with ``num_tokens``) a forward-backward schedule runs:
+    all of them outside a dry run; in one, the ``schedule_limit`` largest (in order), after
+    checking every stream's length against FP8's alignment."""
     run = active()
     if run is None:
-        return
+        return micro
+    lengths = [mb.num_tokens for mb in micro]
     bad = [n for n in lengths if run.pad_to and n % run.pad_to]
     if bad:
         raise DryRunError(
             f"packed micro-batches of {bad[:5]} tokens at {_caller()}: not multiples of {run.pad_to} "
             "(optim.pad_multiple; Transformer Engine's FP8 GEMMs need them)"
         )
-    run._lengths = (list(lengths), list(lengths))
     run.microbatches += len(lengths)
     run.max_tokens = max([run.max_tokens, *lengths])
+    k = run.schedule_limit
+    if k is not None and len(micro) > k:
+        keep = sorted(sorted(range(len(micro)), key=lambda i: -lengths[i])[:k])
+        micro = [micro[i] for i in keep]
+    run._lengths = ([mb.num_tokens for mb in micro], [mb.num_tokens for mb in micro])
+    return micro
 
 
 _HF_STATES: dict[str, dict[str, torch.Tensor]] = {}

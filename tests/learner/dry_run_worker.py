@@ -3,7 +3,8 @@
     python dry_run_worker.py MODE OUT_JSON OVERRIDE...
 
 MODE: ``real`` (gloo, world 1, real CPU tensors under a MemoryTracker), ``dry`` (the dry run of
-the same config with the CPU's kernels, ``fused_kernels=False``), ``plant_cpu_tensor`` (the dry run
+the same config with the CPU's kernels, ``fused_kernels=False``), ``dry_every`` (the same, each
+schedule over every micro-batch rather than the pp + 1 largest), ``plant_cpu_tensor`` (the dry run
 with a host tensor added to the policy loss), ``plant_world_gather`` (the dry run with the weight
 push gathering every rank's stage over the whole world, as the push did before it went point to
 point). Writes the StagePlan (or the error) as JSON.
@@ -75,10 +76,11 @@ def main() -> None:
     try:
         if mode == "real":
             result = real(overrides)
-        elif mode == "dry":
+        elif mode in ("dry", "dry_every"):
             from agent_r1.launch.plan import plan_stage
 
-            result = dataclasses.asdict(plan_stage(overrides, 0, fused_kernels=False))
+            every = mode == "dry_every"
+            result = dataclasses.asdict(plan_stage(overrides, 0, fused_kernels=False, every_microbatch=every))
         else:
             result = planted(overrides, mode)
     except Exception as e:

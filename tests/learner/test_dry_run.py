@@ -65,7 +65,26 @@ def test_accounting_matches_real_tensors(model_dir: Path, tmp_path: Path) -> Non
         assert real[key] > 0, (key, real)
         assert abs(dry[key] - real[key]) <= 0.10 * real[key], (key, dry[key], real[key])
     assert dry["weights"] == dry["grads"]  # fp32 params, fp32 gradient buffers
-    assert dry["microbatches"] > 0 and dry["max_microbatch_tokens"] <= 512
+    # three schedules (critic values, actor and critic updates) of four micro-batches each: the
+    # dry run ran each over its two largest (pp + 1), the real update over all
+    assert dry["microbatches"] == 12 and dry["max_microbatch_tokens"] <= 512
+
+
+def test_the_largest_pp_plus_one_micro_batches_reach_the_whole_schedules_peak(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """Stage 0 of PP 2 (it holds the most micro-batches in flight) over eight micro-batches per
+    schedule: the plan's three against every one gives the same state and an activation peak
+    within 1 %."""
+    more = (*NCCL, *PP2, "optim.micro_tokens=256", "rollout.prompts_per_iteration=8")
+    steady = measure("dry", model_dir, tmp_path, *more)
+    every = measure("dry_every", model_dir, tmp_path, *more)
+    assert steady.get("error") is None and every.get("error") is None, (steady, every)
+    assert steady["microbatches"] == every["microbatches"] == 24
+    assert steady["collectives"] < every["collectives"]  # fewer micro-batches did run
+    for key in ("weights", "grads", "optimizer", "push"):
+        assert steady[key] == every[key], key
+    assert 0.99 * every["activations"] <= steady["activations"] <= every["activations"], (steady, every)
 
 
 def test_a_host_tensor_in_the_loss_path_is_caught(model_dir: Path, tmp_path: Path) -> None:
