@@ -8,58 +8,24 @@ import subprocess
 import sys
 
 import pytest
-from train_checks import check_finished, reduced, train
+from train_checks import agent_r1_eval, check_eval_reproduces, check_finished, reduced, train
 
 from agent_r1.records.reader import RecordStore
 
 
-def _eval(*args: str) -> dict:
-    r = subprocess.run(
-        [sys.executable, "-m", "agent_r1.cli", "eval", "--no-progress", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    return r
-
-
-def _episodes(table) -> dict[int, list[list[int]]]:
-    """trajectory (by its prompt index) -> the action tokens of its steps, in order."""
-    out: dict[int, list[list[int]]] = {}
-    rows = sorted(table.to_pylist(), key=lambda r: (r["trajectory_id"], r["step_index"]))
-    for r in rows:
-        p = int(r["trajectory_id"].split("-p")[-1].split("-s")[0])
-        out.setdefault(p, []).append(r["action_token_ids"])
-    return out
-
-
-@pytest.mark.parametrize(
-    "layout",
-    [[], ["parallel.tp=2", "parallel.learner_ranks=2"], ["parallel.pp=2", "parallel.learner_ranks=2"]],
-    ids=["tp1pp1", "tp2", "pp2"],
-)
+@pytest.mark.parametrize("layout", [[], ["parallel.tp=2", "parallel.learner_ranks=2"]], ids=["tp1pp1", "tp2"])
 def test_eval_of_a_run_reproduces_the_trainers_held_out_episodes(tiny_model_dir, tmp_path, layout, request):
-    """The checkpoint (TP2 / PP2: two shard files, resharded on export) exported to HF and served greedily
-    generates what the trainer's servers generated from the weights the learner pushed."""
+    """The checkpoint (TP2: two shard files, resharded on export) exported to HF and served greedily
+    generates what the trainer's servers generated from the weights the learner pushed (PP2:
+    test_train_run.py's PPO run over two stages)."""
     if layout:
         run = tmp_path / "run"
         check_finished(train(reduced(tiny_model_dir, run, "recipe.test_size=8", *layout)), run, 2)
     else:  # the shared run (recipe.test_size=4)
         run = request.getfixturevalue("finished_run")
-    out = tmp_path / "eval"
-    r = _eval("--run", str(run), "--out", str(out))
-    metrics = json.loads((out / "metrics.json").read_text())
-    summary = json.loads((run / "summary.json").read_text())
-    assert metrics["success"] == summary["eval_success_end"] and metrics["episodes"] == (8 if layout else 4)
-    assert f"success {metrics['success']:.3f}" in r.stdout
-    # token for token what the trainer's last evaluation generated (greedy, same checkpoint)
-    trainer = RecordStore(run / "eval_records").read(2)
-    mine = RecordStore(out / "records").read(0)
-    assert _episodes(mine) == _episodes(trainer)
-    assert metrics["model"].endswith("iter_000001")
+    check_eval_reproduces(run, tmp_path / "eval", 8 if layout else 4)
     if not layout:  # without --out: inside the run, named by split, checkpoint and sampling
-        r = _eval("--run", str(run), "--n", "2", "--temperature", "1.0")
+        r = agent_r1_eval("--run", str(run), "--n", "2", "--temperature", "1.0")
         inside = run / "evals" / "test-iter_000001-n2-T1"
         sampled = json.loads((inside / "metrics.json").read_text())
         assert sampled["episodes"] == 8 and f"metrics:  {inside}/metrics.json" in r.stdout
@@ -68,7 +34,7 @@ def test_eval_of_a_run_reproduces_the_trainers_held_out_episodes(tiny_model_dir,
 
 def test_sampled_eval_reports_pass_at_k(tiny_model_dir, tmp_path):
     out = tmp_path / "sampled"
-    _eval("--model", str(tiny_model_dir), "--recipe", "arithmetic_tool", "--num", "3", "--n", "4",
+    agent_r1_eval("--model", str(tiny_model_dir), "--recipe", "arithmetic_tool", "--num", "3", "--n", "4",
           "--temperature", "1.0", "--max-steps", "2", "--max-action-tokens", "24", "--out", str(out))  # fmt: skip
     m = json.loads((out / "metrics.json").read_text())
     assert m["episodes"] == 12 and m["prompts"] == 3 and sorted(m["pass_at_k"]) == ["1", "2", "3", "4"]

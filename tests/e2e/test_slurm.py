@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 from omegaconf import OmegaConf
-from train_checks import check_events, check_finished, ledger, reduced
+from train_checks import check_events, check_finished, ledger, manifest, reduced
 
 from agent_r1.records.reader import RecordStore
 
@@ -391,9 +391,19 @@ def test_server_killed_under_slurm_is_restarted_in_place_behind_the_router(slurm
 def test_learner_ranks_span_two_nodes_and_resume(slurm, tiny_model_dir, tmp_path):
     """DP2 with one learner rank on n1 and one on n2 (one allocation, rollout roles beside them):
     the gloo group forms across the nodes' addresses, the run completes, and a second launch
-    with more iterations resumes from its checkpoint."""
+    with more iterations resumes from its checkpoint. The run is PSPO as the seed defines it
+    (critic, reference + k3 KL, tight clip) with reward scaling and two rollout workers: the
+    scaler's running moments count every step of both ranks and are checkpointed and resumed."""
     run = tmp_path / "twonodes"
-    base = ["cluster=slurm_cpu", "cluster.colocated=true", "cluster.learner_nodes=2", "parallel=cpu_dp2"]
+    base = [
+        "cluster=slurm_cpu",
+        "cluster.colocated=true",
+        "cluster.learner_nodes=2",
+        "parallel=cpu_dp2",
+        "algorithm=pspo",
+        "algorithm.reward_scaling=true",
+        "rollout.workers=2",
+    ]
     job = submitted_id(agent_r1(["launch", *reduced(tiny_model_dir, run, *base)], slurm).stdout)
     states = wait_job(job, slurm)
     out = (run / "logs" / f"slurm-{job}.out").read_text()
@@ -402,6 +412,16 @@ def test_learner_ranks_span_two_nodes_and_resume(slurm, tiny_model_dir, tmp_path
     assert {roles["learner_0"]["node"], roles["learner_1"]["node"]} == {"n1", "n2"}
     assert {roles["learner_0"]["address"], roles["learner_1"]["address"]} == {"127.0.1.1", "127.0.1.2"}
     check_finished(subprocess.CompletedProcess([], 0, out, ""), run, 2)
+    scalars = check_events(run, 2)
+    assert len(manifest(run, 0)["shards"]) == 2  # one shard per worker
+    assert "loss/kl" in scalars and "critic/value_loss" in scalars and "reward/scaling_std" in scalars
+
+    def moments(it):
+        state = json.loads((run / "checkpoints" / f"iter_{it:06d}" / "agent_r1_state.json").read_text())
+        return state["trainer"]["reward_scaling"]
+
+    first = moments(1)
+    assert first["count"] == sum(manifest(run, it)["rows"] for it in range(2))  # every step, both ranks
     job2 = submitted_id(
         agent_r1(["launch", *reduced(tiny_model_dir, run, *base, "trainer.iterations=3")], slurm).stdout
     )
@@ -411,6 +431,7 @@ def test_learner_ranks_span_two_nodes_and_resume(slurm, tiny_model_dir, tmp_path
     assert "resumed from" in (run / "logs" / "learner_0.log").read_text()
     check_finished(subprocess.CompletedProcess([], 0, out2, ""), run, 3)
     assert [e["iteration"] for e in ledger(run)] == [0, 1, 2]
+    assert moments(2)["count"] == first["count"] + manifest(run, 2)["rows"]  # resumed, not restarted
 
 
 def test_gpu_sweep_renders_one_multi_node_allocation_per_task(tmp_path):

@@ -149,3 +149,43 @@ def env_step_demonstrations(run_dir: Path) -> list[dict]:
     calls = [c for i in infos for c in i.get("tool_calls", [])]
     assert calls and all(c["name"] == "env_step" and not c.get("error") for c in calls)
     return infos
+
+
+def agent_r1_eval(*args: str) -> subprocess.CompletedProcess:
+    """``agent-r1 eval --no-progress ARGS``, which must succeed."""
+    r = subprocess.run(
+        [sys.executable, "-m", "agent_r1.cli", "eval", "--no-progress", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return r
+
+
+def episodes(table) -> dict[int, list[list[int]]]:
+    """trajectory (by its prompt index) -> the action tokens of its steps, in order."""
+    out: dict[int, list[list[int]]] = {}
+    rows = sorted(table.to_pylist(), key=lambda r: (r["trajectory_id"], r["step_index"]))
+    for r in rows:
+        p = int(r["trajectory_id"].split("-p")[-1].split("-s")[0])
+        out.setdefault(p, []).append(r["action_token_ids"])
+    return out
+
+
+def check_eval_reproduces(run: Path, out: Path, num_episodes: int, iterations: int = 2) -> dict:
+    """``agent-r1 eval --run`` of a finished run (its newest checkpoint exported to HF, served
+    greedily) generates token for token what the trainer's servers generated in its last
+    evaluation from the weights the learner pushed, and reports the same success."""
+    from agent_r1.records.reader import RecordStore
+
+    r = agent_r1_eval("--run", str(run), "--out", str(out))
+    metrics = json.loads((out / "metrics.json").read_text())
+    summary = json.loads((run / "summary.json").read_text())
+    assert metrics["success"] == summary["eval_success_end"] and metrics["episodes"] == num_episodes
+    assert f"success {metrics['success']:.3f}" in r.stdout
+    trainer = RecordStore(run / "eval_records").read(iterations)
+    mine = RecordStore(out / "records").read(0)
+    assert episodes(mine) == episodes(trainer)
+    assert metrics["model"].endswith(f"iter_{iterations - 1:06d}")
+    return metrics

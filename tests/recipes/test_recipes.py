@@ -19,7 +19,7 @@ def test_every_recipe_registers_its_agent_and_builds_rows():
         rows = data.build_rows(split="train", num=3, seed=1)
         assert len(rows) == 3 and all(r.agent_name in AGENTS for r in rows)
         assert all(r.reward_model["style"] in REWARDS for r in rows)
-        assert data.corpus()
+        assert all(isinstance(t, str) and t for t in data.corpus(num=2)), name
 
 
 def test_arithmetic_problems_are_exact_and_scale_with_difficulty():
