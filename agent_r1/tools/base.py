@@ -28,6 +28,19 @@ class ToolOutput:
     images: list[Any] = field(default_factory=list)  # ``Image``s shown after the result text
 
 
+def string_arguments(closed: bool = False, **descriptions: str) -> dict[str, Any]:
+    """The JSON schema of a tool whose arguments are required strings, each with its description
+    (``closed``: no other argument is accepted)."""
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {k: {"type": "string", "description": d} for k, d in descriptions.items()},
+        "required": list(descriptions),
+    }
+    if closed:
+        schema["additionalProperties"] = False
+    return schema
+
+
 class BaseTool:
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""

@@ -11,7 +11,7 @@ import math
 import operator
 from typing import Any
 
-from agent_r1.tools.base import TOOLS, BaseTool, ToolError, ToolOutput
+from agent_r1.tools.base import TOOLS, BaseTool, ToolError, ToolOutput, string_arguments
 
 MAX_EXPR_CHARS = 300
 MAX_NODES = 200
@@ -112,12 +112,7 @@ def _looks_like_thousands(expr: str) -> bool:
 class Calculator(BaseTool):
     name = "calculator"
     description = "Evaluate an arithmetic expression with + - * / // % ** and parentheses."
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": {"expression": {"type": "string", "description": "e.g. (12 + 7) * 3"}},
-        "required": ["expression"],
-        "additionalProperties": False,
-    }
+    parameters = string_arguments(closed=True, expression="e.g. (12 + 7) * 3")
     timeout_s = 2.0
 
     async def execute(self, args: dict[str, Any]) -> ToolOutput:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from agent_r1.tools.base import BaseTool, ToolError, ToolOutput
+from agent_r1.tools.base import BaseTool, ToolError, ToolOutput, string_arguments
 
 
 class EnvStepTool(BaseTool):
@@ -22,12 +22,7 @@ class EnvStepTool(BaseTool):
 
     @property
     def parameters(self) -> dict[str, Any]:  # type: ignore[override]
-        return {
-            "type": "object",
-            "properties": {"command": {"type": "string", "description": self.example}},
-            "required": ["command"],
-            "additionalProperties": False,
-        }
+        return string_arguments(closed=True, command=self.example)
 
     async def execute(self, args: dict[str, Any]) -> ToolOutput:
         if self.env is None:

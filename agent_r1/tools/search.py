@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent_r1.retrieval.client import RetrievalError, make_retriever
-from agent_r1.tools.base import TOOLS, BaseTool, ToolError, ToolOutput
+from agent_r1.tools.base import TOOLS, BaseTool, ToolError, ToolOutput, string_arguments
 
 MAX_QUERY_CHARS = 300
 
@@ -32,11 +32,7 @@ def format_hits(hits: list[Any]) -> str:
 class Search(BaseTool):
     name = "search"
     description = "Search the encyclopedia. Returns the most relevant passages for the query."
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": {"query": {"type": "string", "description": "what to look up"}},
-        "required": ["query"],
-    }
+    parameters = string_arguments(query="what to look up")
     timeout_s = 60.0
 
     def __init__(self, topk: int = 3, index: str | None = None, url: str | None = None, mode: str = "sparse"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent_r1.tools import TOOLS, BaseTool, ToolError, ToolOutput
+from agent_r1.tools.base import string_arguments
 from agent_r1.tools.search import Search
 from recipes.paper_search.graph import load_graph
 
@@ -20,11 +21,7 @@ class PaperSearch(Search):
     """The search tool over the paper index, listing ``[id] title``."""
 
     description = "Search the paper index. Returns the ids and titles of the best matching papers."
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": {"query": {"type": "string", "description": "keywords"}},
-        "required": ["query"],
-    }
+    parameters = string_arguments(query="keywords")
 
     def output(self, query: str, hits: list[Any]) -> ToolOutput:
         papers = [(h.id, h.title) for h in hits]
@@ -35,11 +32,7 @@ class PaperSearch(Search):
 class Expand(BaseTool):
     name = "expand"
     description = "List the papers a paper cites and the papers citing it."
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": {"paper_id": {"type": "string", "description": "a paper id such as P0012"}},
-        "required": ["paper_id"],
-    }
+    parameters = string_arguments(paper_id="a paper id such as P0012")
 
     def __init__(self, graph: str | None = None, seed: int = 0):
         self.graph = load_graph(graph, seed)

@@ -32,15 +32,12 @@ def _role_pid(run: Path, name: str) -> int:
     return json.loads((run / "control" / "roles" / f"{name}.json").read_text())["pid"]
 
 
-def test_only_server_killed_mid_rollout_run_finishes(tiny_model_dir, tmp_path):
-    """The replacement server starts from the model on disk; the coordinator brings it to the
-    current weights, the worker runs its share again on it, nothing is lost or trained twice."""
-    run = tmp_path / "onlyserver"
-    args = reduced(tiny_model_dir, run, "rollout.servers=1", "episode.max_action_tokens=48")
+def _kill_server_0_mid_rollout(run: Path, args: list[str]) -> str:
+    """Run ``args``, SIGKILL ``server_0`` once the first rollout is under way; the run's output
+    (it must finish with 0)."""
     p = start_train(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        prog = run / "control" / "tasks" / "train_000000.w0.progress"
-        wait_for(prog.exists, 300, "the first rollout under way")
+        wait_for((run / "control" / "tasks" / "train_000000.w0.progress").exists, 300, "the first rollout")
         os.kill(_role_pid(run, "server_0"), signal.SIGKILL)
         out, _ = p.communicate(timeout=300)
     finally:
@@ -48,11 +45,20 @@ def test_only_server_killed_mid_rollout_run_finishes(tiny_model_dir, tmp_path):
             os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == 0, out[-4000:]
     assert "server_0 exited" in out and "restarting" in out
-    coord = (run / "logs" / "learner_0.log").read_text()
-    assert "lack weight version" in coord  # the replacement was brought to the current weights
-    for it in range(2):
+    for it in range(2):  # every episode of every iteration made it, each iteration trained once
         assert manifest(run, it)["num_trajectories"] == 4 * 4
     assert [e["iteration"] for e in ledger(run)] == [0, 1]
+    return out
+
+
+def test_only_server_killed_mid_rollout_run_finishes(tiny_model_dir, tmp_path):
+    """The replacement server starts from the model on disk; the coordinator brings it to the
+    current weights, the worker runs its share again on it, nothing is lost or trained twice."""
+    run = tmp_path / "onlyserver"
+    args = reduced(tiny_model_dir, run, "rollout.servers=1", "episode.max_action_tokens=48")
+    _kill_server_0_mid_rollout(run, args)
+    coord = (run / "logs" / "learner_0.log").read_text()
+    assert "lack weight version" in coord  # the replacement was brought to the current weights
 
 
 def test_killed_launcher_leaves_no_process_and_the_same_command_resumes(tiny_model_dir, tmp_path):
@@ -121,20 +127,8 @@ def test_router_in_front_of_the_servers_and_a_restarted_server_rejoins(tiny_mode
     args = reduced(
         tiny_model_dir, run, "rollout.router=true", "rollout.servers=2", "episode.max_action_tokens=48"
     )
-    p = start_train(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for((run / "control" / "tasks" / "train_000000.w0.progress").exists, 300, "the first rollout")
-        router = json.loads((run / "control" / "router.json").read_text())["url"]
-        os.kill(_role_pid(run, "server_0"), signal.SIGKILL)
-        out, _ = p.communicate(timeout=300)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-    assert p.returncode == 0, out[-4000:]
-    assert "server_0 exited" in out and "restarting" in out
+    _kill_server_0_mid_rollout(run, args)
+    router = json.loads((run / "control" / "router.json").read_text())["url"]
     server0 = (run / "logs" / "server_0.log").read_text()
     assert server0.count(f"registered with the router {router}") == 2  # first start and the restart
     assert f"registered with the router {router}" in (run / "logs" / "server_1.log").read_text()
-    for it in range(2):
-        assert manifest(run, it)["num_trajectories"] == 4 * 4
-    assert [e["iteration"] for e in ledger(run)] == [0, 1]

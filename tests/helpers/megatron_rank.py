@@ -22,6 +22,34 @@ def init_rank(rank: int, world: int, port: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
 
 
+LAYOUTS = ("1x1", "2x1", "1x2")  # TP x PP over a world of two ranks (1x1: each rank on its own)
+
+
+def layouts():
+    """For each of ``LAYOUTS``: Megatron's model-parallel groups at that TP x PP (seeded as the
+    learner seeds them), then torn down. Yields (layout, tp, pp)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    for layout in LAYOUTS:
+        tp, pp = map(int, layout.split("x"))
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        model_parallel_cuda_manual_seed(0)
+        try:
+            yield layout, tp, pp
+        finally:
+            ps.destroy_model_parallel()
+
+
+def hf_model_at(cfg, state, tp: int, pp: int):
+    """The Megatron model of HF config ``cfg`` at this TP x PP stage, loaded from ``state``."""
+    from megatron_bridge import BridgeConfig, build_gpt_model, load_hf_weights
+
+    model = build_gpt_model(cfg, BridgeConfig(tp=tp, pp=pp))
+    load_hf_weights(model, state, cfg)
+    return model
+
+
 def gather_first(x, world: int | None = None):
     """The first non-None ``x`` over the ranks (e.g. a result only the last pipeline stage has)."""
     objs = [None] * (world or dist.get_world_size())

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import torch
-from megatron_rank import finish, gather_first, init_rank, rank_argv, synth_batch, synth_records
+from megatron_rank import finish, gather_first, init_rank, layouts, rank_argv, synth_batch, synth_records
 
 
 def _list(x):
@@ -38,9 +38,7 @@ def main() -> None:
     n = batch.num_steps
     returns = torch.linspace(-1, 1, n)
     results = {"sequences": [sum(len(mb.bounds) for mb in m) for m in (micro, micro_split)]}
-    for layout in ("1x1", "2x1", "1x2"):
-        tp, pp = map(int, layout.split("x"))
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    for layout, tp, pp in layouts():
         critic = Critic(model_dir, BridgeConfig(tp=tp, pp=pp), OptimConfig(lr=3e-3, micro_tokens=40))
         losses = [critic.train_step(micro, returns)["value_loss"] for _ in range(6)]
         results[f"value_losses_{layout}"] = gather_first(
@@ -70,7 +68,6 @@ def main() -> None:
         a_lp = gather_first(_list(actor.logprobs(micro, batch.num_action_tokens)), world)
         r_lp = gather_first(_list(ref.logprobs(micro, batch.num_action_tokens)), world)
         results[f"ref_diff_{layout}"] = max(abs(x - y) for x, y in zip(a_lp, r_lp, strict=True))
-        ps.destroy_model_parallel()
     finish(rank, results, out)
 
 

@@ -6,7 +6,9 @@ import torch.distributed as dist
 from megatron_rank import (
     finish,
     forward_logprobs,
+    hf_model_at,
     init_rank,
+    layouts,
     max_diff_over_ranks,
     per_step_logprobs,
     rank_argv,
@@ -27,7 +29,6 @@ def main() -> None:
     init_rank(rank, world, port)
     import megatron.core  # noqa: F401
     from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
@@ -39,18 +40,13 @@ def main() -> None:
         packed_logprobs,
         vocab_parallel_logprob_entropy,
     )
-    from megatron_bridge import BridgeConfig, build_gpt_model, load_hf_weights
 
     apply()
     cfg = AutoConfig.from_pretrained(model_dir)
     state = load_file(f"{model_dir}/model.safetensors")
     results = {}
-    for layout in ("1x1", "2x1", "1x2"):
-        tp, pp = map(int, layout.split("x"))
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-        model_parallel_cuda_manual_seed(0)
-        model = build_gpt_model(cfg, BridgeConfig(tp=tp, pp=pp))
-        load_hf_weights(model, state, cfg)
+    for layout, tp, pp in layouts():
+        model = hf_model_at(cfg, state, tp, pp)
         # PackedRotary positions + per-sequence causal SDPA; non-last stages output hidden states;
         # the output layer projects only the rows before action tokens
         lp = forward_logprobs(model, packed, cfg.vocab_size, chunk=7)
@@ -69,7 +65,6 @@ def main() -> None:
                 )
                 rotary.positions = None
             results["sdpa_vs_mask_logits"] = float((sdpa - masked[0]).abs().max())
-        ps.destroy_model_parallel()
     # vocab-parallel backward vs autograd on the full vocabulary (TP = world), untempered and at
     # T = 0.7 through packed_logprobs' chunks (as the learner calls it for a tempered rollout)
     ps.initialize_model_parallel(tensor_model_parallel_size=world)

@@ -4,7 +4,15 @@ through Megatron's language model + the vision tower at TP1 / TP2 / PP2 equal tr
 
 import torch
 import torch.distributed as dist
-from megatron_rank import finish, forward_logprobs, init_rank, max_diff_over_ranks, rank_argv
+from megatron_rank import (
+    finish,
+    forward_logprobs,
+    hf_model_at,
+    init_rank,
+    layouts,
+    max_diff_over_ranks,
+    rank_argv,
+)
 from vision import image_bytes
 
 
@@ -87,7 +95,6 @@ def main() -> None:
     init_rank(rank, world, port)
     import megatron.core  # noqa: F401
     from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from safetensors.torch import load_file
 
     from agent_r1.learner.cpu_compat import apply
@@ -102,12 +109,8 @@ def main() -> None:
         : lm.hidden_size // lm.num_attention_heads // 2
     ]
     results = {}
-    for layout in ("1x1", "2x1", "1x2"):
-        tp, pp = map(int, layout.split("x"))
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-        model_parallel_cuda_manual_seed(0)
-        model = build_gpt_model(cfg, BridgeConfig(tp=tp, pp=pp))
-        load_hf_weights(model, state, cfg)
+    for layout, tp, pp in layouts():
+        model = hf_model_at(cfg, state, tp, pp)
         install_packed_rotary(model, sections)
         results[layout] = max_diff_over_ranks(
             forward_logprobs(model, packed, lm.vocab_size, vision), ref, world
@@ -120,7 +123,6 @@ def main() -> None:
         merged.update({k: float((v - state[k]).abs().max()) for k, v in vision.export_hf()})
         results[f"{layout}_export_names"] = sorted(merged) == sorted(state)
         results[f"{layout}_export_diff"] = max(merged.values())
-        ps.destroy_model_parallel()
     # the images matter: the same packed stream with the pads' token embeddings gives other logprobs
     ps.initialize_model_parallel()
     model = build_gpt_model(cfg, BridgeConfig())

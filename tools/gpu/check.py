@@ -423,36 +423,50 @@ def _serve(c: Ctx, device: str, *extra: str) -> tuple[subprocess.Popen, str]:
             time.sleep(1)
 
 
-@check
-def weight_push_ipc(c: Ctx) -> dict:
+def _new_weights(c: Ctx) -> tuple[dict, int]:
+    """The model's weights shifted by 0.01 (weights a server does not hold yet) and their bytes."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(c.model_dir, dtype=getattr(torch, c.dtype)).to(c.device)
+    named = {k: (v + 0.01).contiguous() for k, v in hf.state_dict().items()}
+    del hf
+    return named, sum(v.numel() * v.element_size() for v in named.values())
+
+
+def _pushed_then_disk(
+    c: Ctx, url: str, named: dict, folder: str, version: str
+) -> tuple[bool, dict, dict, float]:
+    """After a push: whether the server holds ``named`` (a probe of the final norm), its model
+    info; then the same weights through ``/update_weights_from_disk`` as ``version`` (the
+    baseline): its answer and seconds (safetensors write included)."""
     from safetensors.torch import save_file
 
+    probe = "model.norm.weight"
+    got = _post(url + "/get_weights_by_name", {"name": probe, "truncate_size": 4})
+    want = named[probe].flatten()[:4].float().tolist()
+    same = max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-2
+    info = json.loads(urllib.request.urlopen(url + "/get_model_info").read())
+    d = c.tmp / folder
+    d.mkdir(exist_ok=True)
+    t0 = time.perf_counter()
+    save_file({k: v.cpu() for k, v in named.items()}, str(d / "model.safetensors"))
+    r = _post(url + "/update_weights_from_disk", {"model_path": str(d), "weight_version": version})
+    return same, info, r, time.perf_counter() - t0
+
+
+@check
+def weight_push_ipc(c: Ctx) -> dict:
     from agent_r1.rollout.weight_sync import push_weights_ipc
 
     server, url = _serve(c, str(c.device), "--weight-ipc")
     try:
-        from transformers import AutoModelForCausalLM
-
-        hf = AutoModelForCausalLM.from_pretrained(c.model_dir, dtype=getattr(torch, c.dtype)).to(c.device)
-        named = {k: (v + 0.01).contiguous() for k, v in hf.state_dict().items()}  # new weights
-        del hf
-        nbytes = sum(v.numel() * v.element_size() for v in named.values())
+        named, nbytes = _new_weights(c)
         push_weights_ipc(url, named, "v1")  # warm-up
         _sync(c.device)
         t0 = time.perf_counter()
         push_weights_ipc(url, named, "v2")
         t_ipc = time.perf_counter() - t0
-        probe = "model.norm.weight"
-        got = _post(url + "/get_weights_by_name", {"name": probe, "truncate_size": 4})
-        want = named[probe].flatten()[:4].float().tolist()
-        same = max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-2
-        info = json.loads(urllib.request.urlopen(url + "/get_model_info").read())
-        d = c.tmp / "weights"
-        d.mkdir(exist_ok=True)
-        t0 = time.perf_counter()
-        save_file({k: v.cpu() for k, v in named.items()}, str(d / "model.safetensors"))
-        r = _post(url + "/update_weights_from_disk", {"model_path": str(d), "weight_version": "v3"})
-        t_disk = time.perf_counter() - t0
+        same, info, r, t_disk = _pushed_then_disk(c, url, named, "weights", "v3")
         bench("weight_push_ipc", "gb_per_s", nbytes / t_ipc / 1e9, "disk_safetensors", t_disk / t_ipc)
         ok = same and info.get("weight_version") == "v2" and r.get("success")
         return {
@@ -482,12 +496,7 @@ def weight_push_group(c: Ctx) -> dict:
     server_device = "cuda:1" if two else str(c.device)
     server, url = _serve(c, server_device, "--strict")
     try:
-        from transformers import AutoModelForCausalLM
-
-        hf = AutoModelForCausalLM.from_pretrained(c.model_dir, dtype=getattr(torch, c.dtype)).to(c.device)
-        named = {k: (v + 0.01).contiguous() for k, v in hf.state_dict().items()}
-        del hf
-        nbytes = sum(v.numel() * v.element_size() for v in named.values())
+        named, nbytes = _new_weights(c)
         group = WeightUpdateGroup([url], "127.0.0.1", backend=backend)
 
         async def go() -> float:
@@ -501,19 +510,7 @@ def weight_push_group(c: Ctx) -> dict:
             return t
 
         t_push = asyncio.run(go())
-        probe = "model.norm.weight"
-        got = _post(url + "/get_weights_by_name", {"name": probe, "truncate_size": 4})
-        want = named[probe].flatten()[:4].float().tolist()
-        same = max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-2
-        info = json.loads(urllib.request.urlopen(url + "/get_model_info").read())
-        from safetensors.torch import save_file
-
-        d = c.tmp / "weights_group"
-        d.mkdir(exist_ok=True)
-        t0 = time.perf_counter()
-        save_file({k: v.cpu() for k, v in named.items()}, str(d / "model.safetensors"))
-        r = _post(url + "/update_weights_from_disk", {"model_path": str(d), "weight_version": "w3"})
-        t_disk = time.perf_counter() - t0
+        same, info, r, t_disk = _pushed_then_disk(c, url, named, "weights_group", "w3")
         bench(
             f"weight_push_{backend}", "gb_per_s", nbytes / t_push / 1e9, "disk_safetensors", t_disk / t_push
         )
