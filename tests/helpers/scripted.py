@@ -29,3 +29,28 @@ class ScriptedPolicy:
             ids, reason = ids[: sampling.max_new_tokens], FinishReason.LENGTH
         logprobs = [-0.01 * (i + 1) for i in range(len(ids))]
         return Completion(ids, logprobs, reason, self.version)
+
+
+def play(codec: ChatCodec, row, script: list[str], services=None, **flow):
+    """One episode of ``row`` through its registered agent with ``script`` as the policy's
+    responses (``flow``: FlowConfig fields; the action budget is also the sampling budget):
+    the trajectory and the policy (its calls)."""
+    import asyncio
+
+    from agent_r1.agent.flow import AGENTS, FlowConfig
+
+    policy = ScriptedPolicy(codec, script)
+    sampling = SamplingParams(max_new_tokens=flow.get("max_action_tokens", 256))
+    agent = AGENTS.get(row.agent_name).build(policy, codec, FlowConfig(sampling=sampling, **flow), services)
+    return asyncio.run(agent.run(row, "t", "g")), policy
+
+
+def index_services(passages, out):
+    """The services a run's episodes are given when its retriever is a local index of
+    ``passages`` (built at ``out``)."""
+    from agent_r1.retrieval.client import LocalRetriever, open_index
+    from agent_r1.retrieval.index import build_index
+    from agent_r1.tools.services import Services
+
+    build_index(passages, out)
+    return Services(retriever=LocalRetriever(open_index(str(out))))

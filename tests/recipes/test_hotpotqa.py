@@ -4,20 +4,14 @@ concurrent searches) with demonstrations replayed to full reward."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
-from scripted import ScriptedPolicy
+from scripted import index_services, play
 
-from agent_r1.agent.flow import AGENTS, FlowConfig
 from agent_r1.agent.tool_calls import format_tool_call
-from agent_r1.agent.types import SamplingParams
-from agent_r1.retrieval.client import LocalRetriever, open_index
-from agent_r1.retrieval.index import build_index
 from agent_r1.rewards import compute_reward
 from agent_r1.rewards.qa import exact_match, f1_score, normalize_answer
-from agent_r1.tools.services import Services
 from recipes import load_recipe
 from recipes.hotpotqa.loaders import DatasetError, dataset_passages, read_examples
 
@@ -200,17 +194,11 @@ def test_world_is_seeded_and_splits_are_disjoint():
 
 @pytest.fixture(scope="module")
 def world_retriever(tmp_path_factory):
-    out = tmp_path_factory.mktemp("idx") / "world"
-    build_index(D.passages(0), out)
-    return Services(retriever=LocalRetriever(open_index(str(out))))  # what a run's episodes are given
+    return index_services(D.passages(0), tmp_path_factory.mktemp("idx") / "world")
 
 
 def _run(services, codec, row, script, **flow):
-    policy = ScriptedPolicy(codec, script)
-    flow = {"max_steps": 8, "max_action_tokens": 200, **flow}
-    sampling = SamplingParams(max_new_tokens=flow["max_action_tokens"])
-    agent = AGENTS.get(row.agent_name).build(policy, codec, FlowConfig(sampling=sampling, **flow), services)
-    return asyncio.run(agent.run(row, "t", "g")), policy
+    return play(codec, row, script, services, **{"max_steps": 8, "max_action_tokens": 200, **flow})
 
 
 def test_demonstrations_replay_to_full_reward(codec, world_retriever):

@@ -7,13 +7,9 @@ import asyncio
 import json
 
 import pytest
-from scripted import ScriptedPolicy
+from scripted import index_services, play
 
-from agent_r1.agent.flow import AGENTS, FlowConfig
 from agent_r1.agent.tool_calls import format_tool_call
-from agent_r1.agent.types import SamplingParams
-from agent_r1.retrieval.client import LocalRetriever, open_index
-from agent_r1.retrieval.index import build_index
 from agent_r1.tools.services import Services
 from recipes import load_recipe
 from recipes.paper_search.graph import GraphError, load_graph, read_graph
@@ -25,16 +21,12 @@ from recipes.paper_search.env import recall_f1  # noqa: E402  (after the recipe 
 
 @pytest.fixture(scope="module")
 def paper_index(tmp_path_factory):
-    out = tmp_path_factory.mktemp("idx") / "papers"
-    build_index(D.passages(0), out)
-    return Services(retriever=LocalRetriever(open_index(str(out))))  # what a run's episodes are given
+    return index_services(D.passages(0), tmp_path_factory.mktemp("idx") / "papers")
 
 
 def _run(services, codec, row, script, **env):
-    policy = ScriptedPolicy(codec, script)
     row = type(row)(**{**row.__dict__, "env_kwargs": {**row.env_kwargs, **env}})
-    flow = FlowConfig(max_action_tokens=400, max_obs_tokens=8192, sampling=SamplingParams(max_new_tokens=400))
-    return asyncio.run(AGENTS.get(row.agent_name).build(policy, codec, flow, services).run(row, "t", "g"))
+    return play(codec, row, script, services, max_action_tokens=400, max_obs_tokens=8192)[0]
 
 
 def test_generated_graph_structure():
