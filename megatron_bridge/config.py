@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from megatron_bridge.archs import arch_for, language_config
+from megatron_bridge.archs import arch_for, language_config, moe_config
 
 
 def te_available() -> bool:
@@ -22,6 +22,7 @@ def te_available() -> bool:
 class BridgeConfig:
     tp: int = 1
     pp: int = 1
+    ep: int = 1  # expert parallel: each rank of an EP group holds experts / ep of them (MoE only)
     dtype: str = "float32"  # float32 | bfloat16
     precision: str = "default"  # default | fp8 (Transformer Engine on GPU only)
     fp8_recipe: str = "delayed"  # delayed | tensorwise (current scaling)
@@ -29,8 +30,10 @@ class BridgeConfig:
     recompute: bool = False
 
     def __post_init__(self) -> None:
-        if self.tp < 1 or self.pp < 1:
-            raise ValueError(f"parallel.tp and parallel.pp must be >= 1, got {self.tp}, {self.pp}")
+        if self.tp < 1 or self.pp < 1 or self.ep < 1:
+            raise ValueError(
+                f"parallel.tp, parallel.pp and parallel.ep must be >= 1, got {self.tp}, {self.pp}, {self.ep}"
+            )
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"model.dtype must be float32 or bfloat16, got {self.dtype!r}")
         if self.precision not in ("default", "fp8"):
@@ -78,6 +81,11 @@ def megatron_config(hf: Any, bc: BridgeConfig):
             f"parallel.tp={bc.tp} must divide the attention heads ({hf.num_attention_heads}) and kv heads ({kv_heads})"
         )
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    moe = moe_config(hf)
+    if moe is None and bc.ep > 1:
+        raise ValueError(f"parallel.ep={bc.ep} needs a mixture-of-experts model; {hf.model_type} is dense")
+    if moe is not None and moe.experts % bc.ep:
+        raise ValueError(f"parallel.ep={bc.ep} must divide the model's experts ({moe.experts})")
     dtype = getattr(torch, bc.dtype)
     on_gpu = torch.cuda.is_available() or _dry_run()
     fp8 = {}
@@ -107,7 +115,7 @@ def megatron_config(hf: Any, bc: BridgeConfig):
         use_cpu_initialization=not on_gpu,
         batch_p2p_sync=on_gpu,  # torch.cuda.synchronize after p2p: GPU only
         variable_seq_lengths=bc.pp > 1,  # packed micro-batches differ in length: send shapes first
-        moe_token_dispatcher_type="alltoall",  # (no MoE here; allgather refuses variable lengths)
+        moe_token_dispatcher_type="alltoall",  # allgather refuses variable lengths
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
@@ -118,6 +126,7 @@ def megatron_config(hf: Any, bc: BridgeConfig):
         recompute_method="uniform" if bc.recompute else None,
         recompute_num_layers=1 if bc.recompute else None,
         **fp8,
+        **_moe_fields(moe, bc),
     )
     kwargs = {
         "vocab_size": padded_vocab(hf.vocab_size, bc.vocab_multiple, bc.tp),
@@ -126,15 +135,38 @@ def megatron_config(hf: Any, bc: BridgeConfig):
         "rotary_base": int(getattr(hf, "rope_theta", None) or hf.rope_parameters["rope_theta"]),
         "share_embeddings_and_output_weights": bool(getattr(hf, "tie_word_embeddings", False)),
     }
+    # experts one module each (SequentialMLP), on either spec: the checkpoint names stay per expert
+    experts = {"num_experts": moe.experts, "moe_grouped_gemm": False} if moe else {}
     if te_available() and not arch.mrope:  # mRoPE: the local spec's PackedRotary takes 3-row positions
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
-        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
+        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm, **experts)
     else:
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-        spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+        spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm", **experts)
     return cfg, kwargs, spec
+
+
+def _moe_fields(moe: Any, bc: BridgeConfig) -> dict[str, Any]:
+    """TransformerConfig's MoE fields for HF's router: softmax over every expert, the top k, their
+    probabilities renormalised when ``norm_topk_prob`` (Megatron: top k of the logits, softmax over
+    those k: the same numbers) or kept as they are (softmax first). Experts are not split by TP
+    (expert TP 1): expert parallelism spreads whole experts over ranks instead."""
+    if moe is None:
+        return {}
+    return {
+        "num_moe_experts": moe.experts,
+        "moe_ffn_hidden_size": moe.ffn,
+        "moe_router_topk": moe.topk,
+        "moe_router_pre_softmax": not moe.norm_topk,
+        "moe_router_score_function": "softmax",
+        "moe_router_load_balancing_type": "aux_loss",
+        "moe_aux_loss_coeff": moe.aux_loss_coef,
+        "expert_model_parallel_size": bc.ep,
+        "expert_tensor_parallel_size": 1,
+        "moe_permute_fusion": False,
+    }
 
 
 def build_gpt_model(hf: Any, bc: BridgeConfig):
@@ -143,6 +175,8 @@ def build_gpt_model(hf: Any, bc: BridgeConfig):
     from megatron.core.models.gpt import GPTModel
 
     cfg, kwargs, spec = megatron_config(hf, bc)
+    if cfg.num_moe_experts:
+        _moe_without_te()
     return GPTModel(
         config=cfg,
         transformer_layer_spec=spec,
@@ -150,3 +184,12 @@ def build_gpt_model(hf: Any, bc: BridgeConfig):
         post_process=ps.is_pipeline_last_stage(),
         **kwargs,
     )
+
+
+def _moe_without_te() -> None:
+    """megatron-core's router (0.16) reads ``moe_utils.te_general_gemm``, a name it defines only
+    when Transformer Engine imports: without TE it is None, as the router's own fallback expects."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None

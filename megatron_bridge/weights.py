@@ -4,6 +4,11 @@ Megatron's fused QKV is grouped by query group: for each KV head g, the rows of 
 its k row block, then its v row block; tensor parallelism splits whole groups. ``linear_fc1`` is
 ``[gate; up]`` per TP shard. Row-parallel layers (``linear_proj``, ``linear_fc2``) split columns.
 The vocabulary is zero-padded to the model's (TP-divisible) size and sliced back on export.
+
+Mixture of experts: the router is ``mlp.router`` (HF ``mlp.gate``), expert ``e`` is local expert
+``e % (E / ep)`` of expert-parallel rank ``e // (E / ep)`` (``mlp.experts.local_experts.{i}``, its
+``linear_fc1`` ``[gate; up]`` whole: experts are not split by TP); export gathers them to the
+EP group's first rank.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import Any
 
 import torch
 
-from megatron_bridge.archs import arch_for, language_config
+from megatron_bridge.archs import arch_for, language_config, moe_config
 
 
 class _Dims:
@@ -70,10 +75,12 @@ def megatron_state(
     pp: int,
     pp_rank: int,
     padded_vocab: int,
+    ep: int = 1,
+    ep_rank: int = 0,
 ) -> dict[str, torch.Tensor]:
-    """The Megatron state dict of one (tp_rank, pp_rank) from full HF tensors."""
+    """The Megatron state dict of one (tp_rank, pp_rank, ep_rank) from full HF tensors."""
     hf = language_config(hf)
-    arch, d = arch_for(hf), _Dims(hf, tp)
+    arch, d, moe = arch_for(hf), _Dims(hf, tp), moe_config(hf)
     tied = bool(getattr(hf, "tie_word_embeddings", False))
     out: dict[str, torch.Tensor] = {}
     first, last = pp_rank == 0, pp_rank == pp - 1
@@ -99,6 +106,15 @@ def megatron_state(
             out[m + "self_attention.k_layernorm.weight"] = hf_state[a + "k_norm.weight"]
         out[m + "self_attention.linear_proj.weight"] = _cols(hf_state[a + "o_proj.weight"], tp_rank, tp)
         p = h + "mlp."
+        if moe is not None:
+            out[m + "mlp.router.weight"] = hf_state[p + "gate.weight"]
+            per = moe.experts // ep
+            for i in range(per):
+                x, y = f"{p}experts.{ep_rank * per + i}.", f"{m}mlp.experts.local_experts.{i}."
+                gate, up = hf_state[x + "gate_proj.weight"], hf_state[x + "up_proj.weight"]
+                out[y + "linear_fc1.weight"] = torch.cat([gate, up])
+                out[y + "linear_fc2.weight"] = hf_state[x + "down_proj.weight"]
+            continue
         gate, up = (
             _rows(hf_state[p + "gate_proj.weight"], tp_rank, tp),
             _rows(hf_state[p + "up_proj.weight"], tp_rank, tp),
@@ -164,6 +180,8 @@ def load_hf_weights(model: Any, hf_state: dict[str, torch.Tensor], hf: Any) -> N
         pp,
         ps.get_pipeline_model_parallel_rank(),
         padded,
+        ps.get_expert_model_parallel_world_size(),
+        ps.get_expert_model_parallel_rank(),
     )
     own = {k for k in model.state_dict() if not k.endswith("_extra_state")}
     if _is_te(own):
@@ -181,6 +199,8 @@ def load_hf_weights(model: Any, hf_state: dict[str, torch.Tensor], hf: Any) -> N
                 target = model.state_dict()[name]
             if tuple(target.shape) != tuple(t.shape):
                 raise ValueError(f"{name}: megatron shape {tuple(target.shape)} != mapped {tuple(t.shape)}")
+            if t.device.type == "meta":  # a planned weight (agent-r1 plan): a shape, no values to copy
+                continue
             target.copy_(t.to(target.dtype))
 
 
@@ -196,13 +216,32 @@ def _gather_tp(t: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat(parts, dim=dim)
 
 
+def _gather_ep(local: list[torch.Tensor]) -> list[torch.Tensor] | None:
+    """This EP rank's experts' tensors -> every expert's, in expert order, on the EP group's first
+    rank (the stage's first rank, which sends the stage on in a push); None on the others (they
+    would otherwise each hold every expert of the stage at once)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    ep = ps.get_expert_model_parallel_world_size()
+    if ep == 1:
+        return [t.detach().clone() for t in local]
+    group = ps.get_expert_model_parallel_group()
+    first = dist.get_process_group_ranks(group)[0]
+    stacked = torch.stack([t.detach() for t in local]).contiguous()
+    parts = [torch.empty_like(stacked) for _ in range(ep)] if dist.get_rank() == first else None
+    dist.gather(stacked, parts, dst=first, group=group)
+    return None if parts is None else [t for part in parts for t in part.unbind(0)]
+
+
 def export_hf_weights(model: Any, hf: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    """HF-named full tensors of this rank's pipeline stage (gathered across TP), in order.
-    Every TP rank must iterate (the gathers are collective)."""
+    """HF-named full tensors of this rank's pipeline stage (gathered across TP, and for the
+    experts to the first rank of the EP group: the others yield no expert), in order. Every TP
+    and EP rank must iterate (the gathers are collective)."""
     from megatron.core import parallel_state as ps
 
     hf = language_config(hf)
-    arch, d = arch_for(hf), _Dims(hf, ps.get_tensor_model_parallel_world_size())
+    arch, d, moe = arch_for(hf), _Dims(hf, ps.get_tensor_model_parallel_world_size()), moe_config(hf)
     pp, pp_rank = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
     tied = bool(getattr(hf, "tie_word_embeddings", False))
     sd = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
@@ -230,6 +269,18 @@ def export_hf_weights(model: Any, hf: Any) -> Iterator[tuple[str, torch.Tensor]]
             yield h + "self_attn.k_norm.weight", sd[m + "self_attention.k_layernorm.weight"].detach().clone()
         yield h + "self_attn.o_proj.weight", _gather_tp(sd[m + "self_attention.linear_proj.weight"], 1)
         yield h + "post_attention_layernorm.weight", sd[m + "pre_mlp_layernorm.weight"].detach().clone()
+        if moe is not None:
+            yield h + "mlp.gate.weight", sd[m + "mlp.router.weight"].detach().clone()
+            per = moe.experts // ps.get_expert_model_parallel_world_size()
+            y = m + "mlp.experts.local_experts."
+            fc1 = _gather_ep([sd[f"{y}{i}.linear_fc1.weight"] for i in range(per)])
+            fc2 = _gather_ep([sd[f"{y}{i}.linear_fc2.weight"] for i in range(per)])
+            for e, (w1, w2) in enumerate(zip(fc1 or [], fc2 or [], strict=True)):
+                gate, up = w1.chunk(2, dim=0)
+                yield f"{h}mlp.experts.{e}.gate_proj.weight", gate.contiguous()
+                yield f"{h}mlp.experts.{e}.up_proj.weight", up.contiguous()
+                yield f"{h}mlp.experts.{e}.down_proj.weight", w2
+            continue
         fc1 = sd[m + "mlp.linear_fc1.weight"]
         gate, up = fc1.chunk(2, dim=0)
         yield h + "mlp.gate_proj.weight", _gather_tp(gate.contiguous(), 0)

@@ -191,7 +191,7 @@ def plan_stage(
     with run:
         exports = _stage_export(hf_config, p.pp)
         run.peer_export = lambda src: exports[src // (p.tp * p.dp)]
-        ps.initialize_model_parallel(p.tp, p.pp)
+        p.initialize()
         from agent_r1.train.learner import Learner
 
         learner = Learner(cfg)

@@ -41,11 +41,20 @@ def model_dims(cfg: TrainConfig) -> dict[str, int] | None:
             "kv_heads": hf.get("num_key_value_heads") or heads,
             "ffn": hf.get("intermediate_size", 0),
             "positions": hf.get("max_position_embeddings", 0),
+            "experts": hf.get("num_experts") or hf.get("num_local_experts") or 0,
         }
     b = cfg.model.build
     if b is None:
         return None
-    return {"layers": b.layers, "heads": b.heads, "kv_heads": b.kv_heads, "ffn": 0, "positions": 0}
+    experts = 8 if b.arch == "qwen3_moe" else 0  # agent_r1.models.tiny's MoE
+    return {
+        "layers": b.layers,
+        "heads": b.heads,
+        "kv_heads": b.kv_heads,
+        "ffn": 0,
+        "positions": 0,
+        "experts": experts,
+    }
 
 
 def model_problems(cfg: TrainConfig, local: bool = True) -> list[str]:
@@ -82,6 +91,10 @@ def model_problems(cfg: TrainConfig, local: bool = True) -> list[str]:
         ):
             if dims[key] and dims[key] % par.tp:
                 out.append(f"parallel.tp={par.tp} does not divide the model's {dims[key]} {what}")
+        if par.ep > 1 and not dims["experts"]:
+            out.append(f"parallel.ep={par.ep}: the model is dense (no experts to spread); use parallel.ep=1")
+        elif dims["experts"] % par.ep:
+            out.append(f"parallel.ep={par.ep} does not divide the model's {dims['experts']} experts")
         if dims["positions"] and m.max_len > dims["positions"]:
             out.append(
                 f"model.max_len={m.max_len} exceeds the model's max_position_embeddings={dims['positions']}"

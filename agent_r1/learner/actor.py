@@ -104,6 +104,11 @@ class Actor:
         module.to(self.device)
         cfg = module.config
         self.trainable = trainable
+        self.router_stats = None
+        if cfg.num_moe_experts and trainable:
+            from agent_r1.learner.moe_stats import RouterStats
+
+            self.router_stats = RouterStats(module)
         if not trainable:  # a frozen reference policy: no DDP, no optimizer
             for p in module.parameters():
                 p.requires_grad_(False)
@@ -381,6 +386,7 @@ class Actor:
                 "with_optimizer": with_optimizer,
                 "tp": self.bridge.tp,
                 "pp": self.bridge.pp,
+                "ep": self.bridge.ep,
                 "trainer": trainer_state or {},
             }
             (tmp / "agent_r1_state.json").write_text(json.dumps(meta, indent=1))
@@ -402,8 +408,8 @@ class Actor:
                         opt.state[p]["step"] = torch.tensor(0.0)
 
     def load(self, path: str | Path, with_optimizer: bool | None = None) -> dict[str, Any]:
-        """Load a checkpoint, resharding the model to this run's TP/PP. The optimizer state is loaded
-        when the layout matches (DP-reshardable only), else the optimizer starts fresh."""
+        """Load a checkpoint, resharding the model to this run's TP/PP/EP. The optimizer state is
+        loaded when the layout matches (DP-reshardable only), else the optimizer starts fresh."""
         import torch.distributed as dist
         from megatron.core import dist_checkpointing
 
@@ -418,7 +424,8 @@ class Actor:
         if box[0]:
             raise CheckpointError(box[0])
         meta = json.loads((path / "agent_r1_state.json").read_text())
-        same_layout = meta["tp"] == self.bridge.tp and meta["pp"] == self.bridge.pp
+        layout = (meta["tp"], meta["pp"], meta.get("ep", 1))
+        same_layout = layout == (self.bridge.tp, self.bridge.pp, self.bridge.ep)
         want_opt = (
             meta["with_optimizer"]
             and self.optimizer is not None

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 import torch
 
 from agent_r1.algos.advantages import StepInputs
-from agent_r1.learner.packing import Packed, first_fit_decreasing
+from agent_r1.learner.packing import Packed, balanced_bins, first_fit_decreasing
 from agent_r1.learner.step_inputs import to_step_inputs
 from agent_r1.records.schema import table_images
 from agent_r1.records.synth import ragged_arange
@@ -229,24 +229,31 @@ class LearnerBatch:
 
     # ---- micro-batches ----------------------------------------------------------------------------
     def micro_batches(
-        self, trajectories: np.ndarray | None, max_tokens: int, cache: bool = True, pad_to: int = 1
+        self,
+        trajectories: np.ndarray | None,
+        max_tokens: int,
+        cache: bool = True,
+        pad_to: int = 1,
+        count: int | None = None,
     ) -> list[Packed]:
         """The given trajectories (all when None) as packed micro-batches of at most ``max_tokens``
         tokens (first-fit decreasing in the given order; a longer trajectory gets one of its
         own). With ``cache`` the same selection returns the same plan (the old-logprob,
         reference, value and policy passes over one selection share it). ``pad_to``: each
         micro-batch's stream is padded to a multiple of it (FP8 GEMMs need 16) by one padding
-        sequence of its own: attended by nothing real, no label, no value, in no denominator."""
+        sequence of its own: attended by nothing real, no label, no value, in no denominator.
+        ``count``: more micro-batches than the budget needs, exactly that many (balanced)."""
         if pad_to < 1:
             raise ValueError(f"pad_to must be >= 1, got {pad_to}")
         sel = np.arange(self.num_trajectories) if trajectories is None else np.asarray(trajectories, np.int64)
-        key = (sel.tobytes(), max_tokens, pad_to)
+        key = (sel.tobytes(), max_tokens, pad_to, count)
         if key in self._plans:
             return self._plans[key]
-        lengths = np.diff(self.traj_tokens)[sel]
-        plan = [
-            self._gather(np.sort(sel[b]), pad_to) for b in first_fit_decreasing(lengths.tolist(), max_tokens)
-        ]
+        lengths = np.diff(self.traj_tokens)[sel].tolist()
+        bins = first_fit_decreasing(lengths, max_tokens)
+        if count is not None and count > len(bins):
+            bins = balanced_bins(lengths, count)
+        plan = [self._gather(np.sort(sel[b]), pad_to) for b in bins]
         if cache:
             self._plans[key] = plan
         return plan

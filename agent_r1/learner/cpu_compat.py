@@ -5,13 +5,15 @@ Each patch answers one place megatron-core (0.16 to 0.19) assumes CUDA (see shar
 the "cuda" RNG tracker maps to the CPU RNG; ``torch.cuda.current_device()`` becomes the CPU
 device; tensor factories asked for a cuda device build on CPU; ``Tensor.cuda`` is the identity;
 ``Tensor.type()`` reports ``torch.cuda.*`` names (type checks in the optimizer); synchronize and
-empty_cache are no-ops, the current stream one that never waits; and ``dist.scatter`` makes its inputs contiguous, because gloo silently
+empty_cache are no-ops, the current stream (and any new one: the MoE dispatcher's host-copy
+stream) one that never waits; and ``dist.scatter`` makes its inputs contiguous, because gloo silently
 sends the wrong bytes for non-contiguous tensors. Pipeline parallel also needs
 ``batch_p2p_sync=False`` in the TransformerConfig (set by the model builder on CPU).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -45,6 +47,24 @@ class _HostStream:
     def synchronize(self) -> None:
         pass
 
+    def record_event(self, event=None) -> _HostStream:  # an event that has always happened
+        return self
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def __init__(self, *args, **kwargs) -> None:  # torch.cuda.Stream(device=..., priority=...)
+        pass
+
+    def __eq__(self, other: object) -> bool:  # host ops share one order: every stream is the same
+        return isinstance(other, _HostStream)
+
+    def __hash__(self) -> int:
+        return 0
+
 
 _HOST_STREAM = _HostStream()
 
@@ -75,6 +95,8 @@ def apply(target: torch.device | str = "cpu") -> bool:
     # megatron-core >= 0.17 waits on the current stream for CUDA-graph events before a grad sync:
     # on CPU every op runs in program order, so the stream is one that never has to wait
     torch.cuda.current_stream = lambda *a, **k: _HOST_STREAM
+    torch.cuda.Stream = _HostStream  # a class still (annotations use it): equal to the current stream
+    torch.cuda.stream = lambda s=None: contextlib.nullcontext()
     for name in _FACTORIES:
         orig = getattr(torch, name)
 
@@ -102,7 +124,25 @@ def apply(target: torch.device | str = "cpu") -> bool:
         return orig_scatter(tensor, scatter_list, src=src, group=group, async_op=async_op, **kw)
 
     torch.distributed.scatter = scatter
+    _moe_host_splits()
     # on CPU the "cuda" RNG is the CPU RNG, so every tracker fork would log a harmless warning
     logging.getLogger("megatron.core.tensor_parallel.random").setLevel(logging.ERROR)
     _APPLIED = True
     return True
+
+
+def _moe_host_splits() -> None:
+    """The MoE alltoall dispatcher copies its split sizes to the host as numpy arrays, but only
+    from a CUDA tensor (``maybe_move_tensor_to_cpu``): on the CPU they stayed tensors, which
+    ``all_to_all_single`` refuses as split sizes. A host tensor asked for as numpy becomes one."""
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    orig = moe_utils.maybe_move_tensor_to_cpu
+
+    def host(tensor, as_numpy: bool = False, record_stream: bool = False):
+        if as_numpy and torch.is_tensor(tensor) and tensor.device.type == "cpu":
+            return tensor.numpy()
+        return orig(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    moe_utils.maybe_move_tensor_to_cpu = host
+    token_dispatcher.maybe_move_tensor_to_cpu = host

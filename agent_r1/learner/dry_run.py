@@ -113,11 +113,12 @@ class MemoryTracker(TorchDispatchMode):
         self.device = torch.device(device)
         self.live = self.peak = 0
         self._storages: dict[int, int] = {}
+        self._host: set[int] = set()  # storages that stand for host memory (``untrack``)
 
     def track(self, t: torch.Tensor) -> None:
         st = t.untyped_storage()
         key = st._cdata
-        if key in self._storages:
+        if key in self._storages or key in self._host:
             return
         n = st.nbytes()
         self._storages[key] = n
@@ -127,6 +128,14 @@ class MemoryTracker(TorchDispatchMode):
 
     def _release(self, key: int) -> None:
         self.live -= self._storages.pop(key, 0)
+
+    def untrack(self, tensors: Any) -> None:
+        """Never count these tensors' storages, nor a view of them made later (they stand for
+        host memory, not the device's)."""
+        for t in tensors:
+            key = t.untyped_storage()._cdata
+            self._host.add(key)
+            self._release(key)
 
     def reset_peak(self) -> None:
         self.peak = self.live
@@ -372,6 +381,54 @@ class DryRun:
         torch.nn.RMSNorm.forward = lambda norm, x: _FusedRMSNorm.apply(x, norm.weight)
         attention.apply_rotary_pos_emb = lambda t, *a, **k: _FusedRope.apply(t)
 
+    def _plan_moe_routing(self) -> None:
+        """A mixture-of-experts layer routes by values a dry run does not have: it plans dropless
+        routing spread evenly, each token to its top k experts (``num_tokens * k`` rows permuted,
+        dispatched and computed, split evenly over the experts and the EP ranks), which is what
+        the memory of a dropless layer depends on (not which expert a token goes to)."""
+        import numpy as np
+        from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+        dispatcher = token_dispatcher.MoEAlltoAllTokenDispatcher
+        preprocess, permute = dispatcher.preprocess, moe_utils.permute
+
+        def even_preprocess(disp, routing_map):
+            if routing_map.device != DEVICE:
+                return preprocess(disp, routing_map)
+            k, experts, local = disp.config.moe_router_topk, disp.num_experts, disp.num_local_experts
+            rows = routing_map.size(0) * k
+            per = [rows // experts + (e < rows % experts) for e in range(experts)]
+            disp.num_out_tokens = rows
+            mine = per[disp.local_expert_indices[0] : disp.local_expert_indices[-1] + 1]
+            if disp.ep_size > 1 or disp.tp_size > 1:
+                sent = [sum(per[r * local : (r + 1) * local]) for r in range(disp.ep_size)]
+                disp.input_splits = np.array(sent)
+                disp.output_splits = np.array([sum(mine)] * disp.ep_size)  # every rank sends as much
+                disp.output_splits_tp = np.array([sum(mine) * disp.ep_size] * disp.tp_size)
+                received = torch.tensor([mine] * (disp.tp_size * disp.ep_size))
+            else:
+                received = torch.tensor([mine])
+            if local > 1:
+                disp.num_global_tokens_per_local_expert = received.view(-1, local)
+            return received.sum(0)
+
+        def even_permute(
+            tokens, routing_map, probs=None, num_out_tokens=None, fused=False, drop_and_pad=False
+        ):
+            if tokens.device != DEVICE or drop_and_pad or num_out_tokens is None:
+                return permute(tokens, routing_map, probs, num_out_tokens, fused, drop_and_pad)
+            index = torch.empty(num_out_tokens, dtype=torch.long, device=DEVICE)
+            picked = None if probs is None else probs.T.reshape(-1).index_select(0, index)
+            return tokens.index_select(0, index), picked, index
+
+        for owner, name, new in (
+            (dispatcher, "preprocess", even_preprocess),
+            (moe_utils, "permute", even_permute),
+            (token_dispatcher, "permute", even_permute),
+        ):
+            self._stack.callback(setattr, owner, name, getattr(owner, name))
+            setattr(owner, name, new)
+
     def _patch_megatron(self) -> None:
         """CUDA means the planned device for Megatron-Core (``cpu_compat``, for the whole process:
         which is why a dry run has a process of its own), and what Megatron computes from data
@@ -399,6 +456,7 @@ class DryRun:
 
         self._stack.callback(setattr, P2PCommunicator, "_communicate_shapes", shapes)
         P2PCommunicator._communicate_shapes = known_shapes
+        self._plan_moe_routing()
         if clip_grads.l2_norm_impl is mutils.local_multi_tensor_l2_norm:
             # Megatron's fallback (no Apex / TE) builds the norm from host floats of every
             # tensor's norm; the same norm, kept on the device
@@ -489,12 +547,13 @@ _HF_STATES: dict[str, dict[str, torch.Tensor]] = {}
 
 
 def hf_state(hf_config: Any) -> dict[str, torch.Tensor]:
-    """Every weight of the HF model of ``hf_config`` by name, on the planned device (the model is
-    built there once per process, outside the tracker: they stand for the files a real rank reads
-    into host memory)."""
+    """Every weight of the HF model of ``hf_config`` by its checkpoint name, on the planned device
+    (built once per process, outside the tracker: they stand for the files a real rank reads into
+    host memory, and hold nothing: loading them checks shapes only)."""
     from torch.utils._python_dispatch import _disable_current_modes
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    from agent_r1.checkpoint_names import unstack_experts
     from agent_r1.vision.qwen2_vl import checkpoint_name, is_vision_config
 
     key = hf_config.to_json_string()
@@ -504,9 +563,16 @@ def hf_state(hf_config: Any) -> dict[str, torch.Tensor]:
             from transformers.initialization import no_init_weights
         except ImportError:
             from transformers.modeling_utils import no_init_weights
-        with torch.device(DEVICE), _disable_current_modes(), no_init_weights():
-            model = auto.from_config(hf_config, dtype=getattr(hf_config, "torch_dtype", None))
-        state = model.state_dict()
+        with _disable_current_modes(), no_init_weights():
+            # built on the host without touching a page (cpu_compat's factories hide the device
+            # context), then moved to the planned device whole (tied weights stay one tensor)
+            model = auto.from_config(hf_config, dtype=getattr(hf_config, "torch_dtype", None)).to(DEVICE)
+            state = model.state_dict()
+            # each expert its own tensor (HF stacks them; views would share one storage)
+            state = {n: t.clone() if ".experts." in n else t for n, t in unstack_experts(state).items()}
+        run = active()
+        if run is not None and run.memory is not None:  # the files a rank reads: host memory
+            run.memory.untrack(state.values())
         if is_vision_config(hf_config):  # the checkpoint's names, as a rank reads them from files
             state = {checkpoint_name(n): t for n, t in state.items()}
         _HF_STATES[key] = dict(state)

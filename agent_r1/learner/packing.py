@@ -47,6 +47,22 @@ class Packed:
         return ~(same & causal).view(1, 1, n, n)
 
 
+def balanced_bins(lengths: list[int], count: int) -> list[list[int]]:
+    """Indices of ``lengths`` in exactly ``count`` non-empty bins, the longest first into the
+    least filled bin (expert parallelism needs the same number of micro-batches on every rank:
+    each one's forward exchanges tokens with the other ranks)."""
+    if not 1 <= count <= len(lengths):
+        raise ValueError(f"{len(lengths)} trajectories cannot fill {count} micro-batches")
+    order = sorted(range(len(lengths)), key=lambda k: -lengths[k])
+    bins = [[i] for i in order[:count]]
+    used = [lengths[i] for i in order[:count]]
+    for i in order[count:]:
+        b = min(range(count), key=used.__getitem__)
+        bins[b].append(i)
+        used[b] += lengths[i]
+    return bins
+
+
 def first_fit_decreasing(lengths: list[int], budget: int) -> list[list[int]]:
     """Indices of ``lengths`` in bins of total <= ``budget`` (first-fit decreasing; an item longer
     than the budget gets a bin of its own). Attention is block-diagonal inside a micro-batch, so

@@ -46,7 +46,9 @@ class VisionEncoder(torch.nn.Module):
             raise KeyError(
                 f"vision tower weights: missing {sorted(own - given)[:3]}, unexpected {sorted(given - own)[:3]}"
             )
-        self.tower.load_state_dict({k[len(PREFIX) :]: v for k, v in state.items() if k.startswith(PREFIX)})
+        tower = {k[len(PREFIX) :]: v for k, v in state.items() if k.startswith(PREFIX)}
+        if not any(t.device.type == "meta" for t in tower.values()):  # planned weights: no values
+            self.tower.load_state_dict(tower)
         self.processor = image_processor(model_dir)
         self.trainable = trainable
         self.tower.requires_grad_(trainable)

@@ -16,7 +16,7 @@ import torch
 
 from agent_r1.agent.chat import CHAT_FORMATS, VISION_TOKENS
 
-ARCHS = ("qwen3", "qwen2", "llama", "qwen2_vl", "qwen2_5_vl")
+ARCHS = ("qwen3", "qwen3_moe", "qwen2", "llama", "qwen2_vl", "qwen2_5_vl")
 VISION_ARCHS = ("qwen2_vl", "qwen2_5_vl")
 # the tiny VLM's image sizes: 4 to 16 vision tokens per image (28x28 pixels each after merging)
 TINY_MIN_PIXELS, TINY_MAX_PIXELS = 56 * 56, 112 * 112
@@ -87,6 +87,12 @@ def model_config(
     )
     if arch == "qwen3":
         return tf.Qwen3Config(head_dim=hidden // heads, **common)
+    if arch == "qwen3_moe":  # every layer sparse: 8 experts of hidden width, top 2, renormalised
+        return tf.Qwen3MoeConfig(
+            head_dim=hidden // heads, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=hidden,
+            norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.001,
+            **common,
+        )  # fmt: skip
     if arch == "qwen2":
         return tf.Qwen2Config(**common)
     if arch == "llama":
@@ -166,6 +172,10 @@ def build_tiny_model(
         model = cls._from_config(cfg, dtype=torch.float32)
     else:
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    if arch == "qwen3_moe":  # a decisive router (HF's 0.02 makes every expert's score a near tie)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.mlp.gate.weight.normal_(0.0, 1.0 / hidden**0.5)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from agent_r1.checkpoint_names import unstack_experts
 from agent_r1.rollout.sampling import Sampling, is_token_id, sample_batch
 from agent_r1.rollout.slot_model import SlotModel
 from agent_r1.rollout.vision import VisionTower
@@ -419,10 +420,7 @@ class Engine:
     def update_weights(self, tensors: dict[str, torch.Tensor], version: str | None = None) -> None:
         """Copy HF-named tensors into the model in place (all checked first: nothing applied on error)."""
         with self._control():
-            params = dict(self.model.named_parameters())
-            params.update(dict(self.model.named_buffers()))
-            if "lm_head.weight" not in params and getattr(self.model.config, "tie_word_embeddings", False):
-                params["lm_head.weight"] = self.model.get_output_embeddings().weight
+            params = checkpoint_tensors(self.model)
             if self.vision is not None:  # checkpoint names (model.layers.*, visual.*) -> modules
                 tensors = {hf_module_name(n): t for n, t in tensors.items()}
             for name, t in tensors.items():
@@ -800,3 +798,13 @@ class Engine:
                     last.slot = i
         self.running = running
         self.waiting = deque(r for r in self.waiting if r.state != "done")
+
+
+def checkpoint_tensors(model: Any) -> dict[str, torch.Tensor]:
+    """The model's tensors under the names its checkpoint (and a weight push) uses: parameters,
+    buffers, a tied ``lm_head.weight``, each expert of an MoE layer on its own (a view)."""
+    params = dict(model.named_parameters())
+    params.update(dict(model.named_buffers()))
+    if "lm_head.weight" not in params and getattr(model.config, "tie_word_embeddings", False):
+        params["lm_head.weight"] = model.get_output_embeddings().weight
+    return unstack_experts(params)

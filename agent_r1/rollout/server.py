@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from aiohttp import web
 
-from agent_r1.rollout.engine import Engine, Request
+from agent_r1.rollout.engine import Engine, Request, checkpoint_tensors
 from agent_r1.rollout.weight_sync import (
     SGLANG_SESSIONS_FROM,
     deserialize_named_tensors,
@@ -643,7 +643,7 @@ class Server:
 
     async def weights_by_name(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        params = dict(self.engine.model.named_parameters())
+        params = checkpoint_tensors(self.engine.model)
         name = need(body, "name", "text")
         size = need(body, "truncate_size", "index", 100)
         if name not in params:

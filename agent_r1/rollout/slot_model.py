@@ -1,4 +1,4 @@
-"""A forward pass over HF Llama / Qwen2 / Qwen3 weights with a slot KV cache.
+"""A forward pass over HF Llama / Qwen2 / Qwen3 / Qwen3-MoE weights with a slot KV cache.
 
 The HF model provides the weights; this module keeps fused copies (q|k|v and gate|up, refreshed
 after every weight update), a precomputed rotary table, and one preallocated KV tensor
@@ -25,7 +25,14 @@ import torch.nn.functional as F
 
 from agent_r1.vision.qwen2_vl import is_vision_config, mrope_sections
 
-SUPPORTED = ("llama", "qwen2", "qwen3", "qwen2_vl", "qwen2_5_vl")  # *_vl: the language model (mRoPE)
+SUPPORTED = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "qwen2_vl",
+    "qwen2_5_vl",
+)  # *_vl: the language model (mRoPE)
 
 
 @functools.cache
@@ -73,10 +80,39 @@ class _Layer:
     ln2_eps: float
     qkv: Linear  # (q + 2 kv, hidden)
     o: Linear
-    gate_up: Linear  # (2 * inter, hidden)
-    down: Linear
+    gate_up: Linear | None  # (2 * inter, hidden); None in an MoE layer
+    down: Linear | None
     q_norm: tuple[torch.Tensor, float] | None
     k_norm: tuple[torch.Tensor, float] | None
+    experts: Experts | None = None
+
+
+@dataclass
+class Experts:
+    """An MoE layer's routed experts as HF holds them: the router (E, hidden), every expert's
+    gate|up (E, 2 * inter, hidden) and down (E, hidden, inter) projections."""
+
+    router: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    topk: int
+    norm_topk: bool
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        """HF's routing: softmax over every expert in float32, the top k (renormalised when
+        ``norm_topk``), each token through its k experts, summed with those weights."""
+        probs = torch.softmax(F.linear(h, self.router).float(), dim=-1)
+        weight, chosen = probs.topk(self.topk, dim=-1)
+        if self.norm_topk:
+            weight = weight / weight.sum(-1, keepdim=True)
+        weight = weight.to(h.dtype)
+        out = torch.zeros_like(h)
+        for e in chosen.unique().tolist():
+            rows, k = torch.where(chosen == e)
+            gate, up = F.linear(h[rows], self.gate_up[e]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, self.down[e]) * weight[rows, k, None]
+            out.index_add_(0, rows, y)
+        return out
 
 
 def _eps(module: Any) -> float:
@@ -122,6 +158,7 @@ class SlotModel:
         with torch.no_grad():
             for layer in self.inner.layers:
                 a, m = layer.self_attn, layer.mlp
+                moe = hasattr(m, "experts")
                 bias = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
                 layers.append(
                     _Layer(
@@ -134,8 +171,17 @@ class SlotModel:
                             torch.cat(bias) if bias[0] is not None else None,
                         ),
                         o=Linear(a.o_proj.weight),
-                        gate_up=Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight])),
-                        down=Linear(m.down_proj.weight),
+                        gate_up=None if moe else Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight])),
+                        down=None if moe else Linear(m.down_proj.weight),
+                        experts=Experts(
+                            m.gate.weight,
+                            m.experts.gate_up_proj,
+                            m.experts.down_proj,
+                            m.gate.top_k,
+                            m.gate.norm_topk_prob,
+                        )
+                        if moe
+                        else None,
                         q_norm=(a.q_norm.weight, _eps(a.q_norm)) if hasattr(a, "q_norm") else None,
                         k_norm=(a.k_norm.weight, _eps(a.k_norm)) if hasattr(a, "k_norm") else None,
                     )
@@ -193,6 +239,8 @@ class SlotModel:
 
     def _mlp(self, L: _Layer, x: torch.Tensor) -> torch.Tensor:
         h = F.rms_norm(x, (x.shape[-1],), L.ln2, L.ln2_eps)
+        if L.experts is not None:
+            return x + L.experts(h.reshape(-1, h.shape[-1])).reshape(h.shape)
         gate, up = L.gate_up(h).chunk(2, dim=-1)
         return x + L.down(F.silu(gate) * up)
 

@@ -84,6 +84,9 @@ class ParallelConfig:
     learner_ranks: int = 1  # = tp * pp * dp
     tp: int = 1
     pp: int = 1
+    # expert parallel (mixture-of-experts models): the experts spread over ep ranks of the
+    # tp * dp ranks of a stage, each expert whole (expert TP 1)
+    ep: int = 1
     backend: str = "gloo"  # gloo (CPU) | nccl (GPU)
 
     def __post_init__(self) -> None:
@@ -93,7 +96,20 @@ class ParallelConfig:
             "parallel.learner_ranks",
             f"must be a multiple of tp*pp = {self.tp * self.pp}, got {self.learner_ranks}",
         )
+        _check(
+            self.ep >= 1 and (self.tp * self.dp) % self.ep == 0,
+            "parallel.ep",
+            f"must divide the tp * dp = {self.tp * self.dp} ranks of a pipeline stage, got {self.ep}",
+        )
         _check(self.backend in ("gloo", "nccl"), "parallel.backend", f"gloo or nccl, got {self.backend!r}")
+
+    def initialize(self) -> None:
+        """Megatron-Core's model-parallel groups for this layout (torch.distributed is up)."""
+        from megatron.core import parallel_state as ps
+
+        ps.initialize_model_parallel(
+            self.tp, self.pp, expert_model_parallel_size=self.ep, expert_tensor_parallel_size=1
+        )
 
     @property
     def dp(self) -> int:
@@ -491,6 +507,7 @@ def bridge_config(cfg: TrainConfig):
     return BridgeConfig(
         tp=cfg.parallel.tp,
         pp=cfg.parallel.pp,
+        ep=cfg.parallel.ep,
         dtype=cfg.model.dtype,
         precision=cfg.model.precision,
         fp8_recipe=cfg.model.fp8_recipe,

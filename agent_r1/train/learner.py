@@ -66,6 +66,13 @@ class Learner:
             temperature=temp,
         )
         self.vision = Geometry.of(cfg.model.path)  # None: a text-only model
+        moe = self.actor.module.config if self.actor.router_stats is not None else None
+        if moe is not None and dist.get_rank() == 0:
+            log.info(
+                "mixture of experts: %d experts, top %d, load-balancing loss coefficient %g (the HF "
+                "config's router_aux_loss_coef), no z-loss; EP %d",
+                moe.num_moe_experts, moe.moe_router_topk, moe.moe_aux_loss_coeff, cfg.parallel.ep,
+            )  # fmt: skip
         self.device = self.actor.device
         self.critic = None
         if cfg.algorithm.critic:
@@ -123,8 +130,19 @@ class Learner:
         )
 
     def micro(self, b: LearnerBatch, trajectories: np.ndarray | None = None, cache: bool = True):
+        """The selection's micro-batches; with expert parallelism as many on every data-parallel
+        rank (each forward of an MoE layer exchanges tokens with the other EP ranks: a rank with
+        fewer would leave them waiting), a collective then."""
         pad_to = pad_multiple(self.cfg.optim, self.cfg.model.precision)
-        return b.micro_batches(trajectories, self.cfg.optim.micro_tokens, cache=cache, pad_to=pad_to)
+        micro = b.micro_batches(trajectories, self.cfg.optim.micro_tokens, cache=cache, pad_to=pad_to)
+        if self.cfg.parallel.ep == 1:
+            return micro
+        count = int(all_reduce_scalar(len(micro), "max", group=self.dp_group, dtype=torch.int64))
+        if count == len(micro):
+            return micro
+        return b.micro_batches(
+            trajectories, self.cfg.optim.micro_tokens, cache=cache, pad_to=pad_to, count=count
+        )
 
     def _plan(self, n: int, iteration: int) -> list[np.ndarray]:
         """The trajectories of every optimizer step: epochs x mini-batches (the same number on
@@ -225,6 +243,8 @@ class Learner:
         metrics["train/optimizer_steps"] = float(len(step_metrics))
         metrics["data/nonfinite_trajectories"] = all_reduce_scalar(self.dropped, "sum", self.dp_group)
         metrics["train/tokens"] = float(b.num_stream_tokens)
+        if self.actor.router_stats is not None:  # a mixture of experts: where the routers sent tokens
+            metrics.update(self.actor.router_stats.report(self.ps.get_tensor_model_parallel_world_size()))
         return self._from_last_stage(metrics)
 
     def _from_last_stage(self, x: Any) -> Any:

@@ -402,7 +402,7 @@ def run_learner(cfg: TrainConfig, rd: RunDir, alive: Any = None) -> dict[str, An
 
     if cfg.parallel.backend == "gloo":
         apply()
-    ps.initialize_model_parallel(cfg.parallel.tp, cfg.parallel.pp)
+    cfg.parallel.initialize()
     install_signal_handlers()
     try:
         return Trainer(cfg, rd, alive).run()

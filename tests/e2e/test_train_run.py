@@ -207,6 +207,27 @@ def test_ppo_with_critic_and_reference_kl_over_two_stages_evaluated_and_resumed(
     assert (run / "checkpoints" / "iter_000002.critic" / "agent_r1_state.json").exists()
 
 
+def test_moe_with_experts_over_two_learner_ranks(tmp_path):
+    """A tiny Qwen3-MoE, its 8 experts over two learner ranks (EP 2): each iteration's weights
+    reach the server through the experts' gather (sync mode: the server's logprobs are the
+    learner's own), and the routers' token shares are in TensorBoard."""
+    run = tmp_path / "moe"
+    args = reduced(
+        tmp_path / "m", run, "model.build.arch=qwen3_moe", "parallel=cpu_dp2", "parallel.ep=2",
+        "episode.temperature=0.7", build=True,
+    )  # fmt: skip
+    check_finished(train(args), run, 2)
+    scalars = check_events(run, 2)
+    assert max(v for _, v in scalars["mismatch/abs_logprob_diff_rollout_learner"]) < 1e-3
+    shares = [k for k in scalars if k.startswith("moe/expert_share/")]
+    assert len(shares) == 8
+    for i in range(2):  # every iteration's shares sum to one
+        assert sum(scalars[k][i][1] for k in shares) == pytest.approx(1.0, abs=1e-6)
+    assert all(v >= 1.0 for _, v in scalars["moe/max_expert_load"])
+    log = (run / "logs" / "learner_0.log").read_text()
+    assert "mixture of experts: 8 experts, top 2" in log and "EP 2" in log
+
+
 @pytest.mark.parametrize("chat_format", ["llama3", "harmony"])
 def test_training_with_another_chat_format(chat_format, tmp_path):
     """The quickstart with a tiny model in the Llama 3 / Harmony format: demonstrations are

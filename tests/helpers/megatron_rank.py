@@ -50,6 +50,23 @@ def hf_model_at(cfg, state, tp: int, pp: int):
     return model
 
 
+def ppo_setup(model_dir: str):
+    """What the actor checks train on, on a rank whose process group is up (CPU patches applied):
+    the synthetic batch, its micro-batches of 40 tokens, fixed +-1 step advantages per token,
+    and the optimizer settings."""
+    from transformers import AutoConfig
+
+    from agent_r1.learner.cpu_compat import apply
+    from agent_r1.learner.optim import OptimConfig
+
+    apply()
+    batch = synth_batch(AutoConfig.from_pretrained(model_dir).vocab_size, seed=2)
+    micro = batch.micro_batches(None, 40)
+    g = torch.Generator().manual_seed(0)
+    adv = batch.per_token((torch.randint(0, 2, (batch.num_steps,), generator=g) * 2 - 1).float())
+    return batch, micro, adv, OptimConfig(lr=5e-3, clip_grad=1.0, micro_tokens=40)
+
+
 def gather_first(x, world: int | None = None):
     """The first non-None ``x`` over the ranks (e.g. a result only the last pipeline stage has)."""
     objs = [None] * (world or dist.get_world_size())

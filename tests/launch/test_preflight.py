@@ -7,6 +7,7 @@ import asyncio
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +40,10 @@ def _train(*args: str) -> tuple[subprocess.CompletedProcess, float]:
         (
             ["parallel.tp=4", "parallel.learner_ranks=4"],
             "parallel.tp=4 does not divide the model's 2 key-value heads",
+        ),
+        (
+            ["parallel.ep=2", "parallel.learner_ranks=2"],
+            "parallel.ep=2: the model is dense (no experts to spread); use parallel.ep=1",
         ),
         (["model.precision=fp8"], "model.precision=fp8 needs NVIDIA GPUs"),
         (
@@ -164,3 +169,16 @@ def test_missing_index_is_refused_naming_the_command(overrides, msg):
     assert retrieval_problems(load_config(["+experiment=hotpotqa_steppo", *overrides])) == [msg]
     assert retrieval_problems(load_config(["+experiment=hotpotqa_steppo"])) == []  # built when missing
     assert retrieval_problems(load_config(["+experiment=quickstart"])) == []  # no search, no index
+
+
+def test_expert_parallel_against_an_moe_model(tmp_path):
+    """The experts of the model the run reads (its config.json) must split evenly over EP."""
+    cfg_dir = tmp_path / "moe"
+    cfg_dir.mkdir()
+    shipped = Path(__file__).resolve().parents[2] / "configs/model/hf/Qwen3-30B-A3B/config.json"
+    (cfg_dir / "config.json").write_text(shipped.read_text())
+    base = ["+experiment=quickstart", f"model.path={cfg_dir}", "model.build=null", "model.max_len=4096"]
+    ok = model_problems(load_config([*base, "parallel.ep=8", "parallel.learner_ranks=8"]))
+    assert not [p for p in ok if "parallel.ep" in p], ok
+    bad = model_problems(load_config([*base, "parallel.ep=3", "parallel.learner_ranks=3"]))
+    assert "parallel.ep=3 does not divide the model's 128 experts" in bad, bad

@@ -103,14 +103,15 @@ ALLOWED = {
     "algos": {"registry"},
     "records": set(),
     "jsonfiles": set(),
+    "checkpoint_names": set(),  # a model's tensors under its checkpoint's names (stacked experts)
     "service": {"jsonfiles"},  # the HTTP service kit and the addresses services publish
-    "rollout": {"records", "process", "vision", "service"},
+    "rollout": {"records", "process", "vision", "service", "checkpoint_names"},
     "retrieval": {"jsonfiles", "service"},
     "tools": {"registry", "retrieval", "vision"},
     "rewards": {"registry"},
     "data": {"records", "vision"},
     "agent": {"rollout", "records", "data", "tools", "rewards", "registry", "vision"},
-    "learner": {"algos", "records", "vision"},
+    "learner": {"algos", "records", "vision", "checkpoint_names"},
     "serving": {"agent", "rollout", "vision", "service"},
 }
 

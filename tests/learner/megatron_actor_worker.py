@@ -2,7 +2,7 @@
 a checkpoint saved at TP1 (DP2) resumes at TP2 and at PP2 with the identical next-step loss."""
 
 import torch
-from megatron_rank import batch_loss, finish, gather_first, init_rank, rank_argv, synth_batch
+from megatron_rank import batch_loss, finish, gather_first, init_rank, ppo_setup, rank_argv
 
 
 def main() -> None:
@@ -10,21 +10,12 @@ def main() -> None:
     init_rank(rank, world, port)
     import megatron.core  # noqa: F401
     from megatron.core import parallel_state as ps
-    from transformers import AutoConfig
 
     from agent_r1.learner.actor import Actor, PolicyTargets
-    from agent_r1.learner.cpu_compat import apply
-    from agent_r1.learner.optim import OptimConfig
     from megatron_bridge import BridgeConfig
 
-    apply()
-    vocab = AutoConfig.from_pretrained(model_dir).vocab_size
-    batch = synth_batch(vocab, seed=2)
-    micro = batch.micro_batches(None, 40)
-    g = torch.Generator().manual_seed(0)
-    adv = batch.per_token((torch.randint(0, 2, (batch.num_steps,), generator=g) * 2 - 1).float())
+    batch, micro, adv, optim = ppo_setup(model_dir)
     results = {"micro_batches": len(micro)}
-    optim = OptimConfig(lr=5e-3, clip_grad=1.0, micro_tokens=40)
 
     # DP2 (TP1, PP1): train, checkpoint
     ps.initialize_model_parallel(1, 1)

@@ -216,3 +216,23 @@ def test_data_parallel_loss_is_the_global_mean(tiny_model_dir, tmp_path, agg):
     for p, g in a["grads"].items():  # float32 sums in another order: 1e-6 of the largest entry
         g, h = np.asarray(g), np.asarray(b["grads"][p])
         assert np.abs(g - h).max() <= 1e-6 * max(1.0, np.abs(g).max()), p
+
+
+def test_expert_parallel_micro_batch_counts_are_met_exactly() -> None:
+    """Expert parallelism needs as many micro-batches on every rank: ``count`` re-packs the same
+    trajectories into exactly that many (each non-empty, every trajectory once, the longest
+    spread first); fewer trajectories than micro-batches is an error naming both."""
+    from agent_r1.learner.batch import LearnerBatch
+    from agent_r1.learner.packing import balanced_bins
+    from agent_r1.records.synth import synth_table
+
+    b = LearnerBatch.from_table(synth_table(12, group_size=4, max_steps=3, seed=3, vocab=300))
+    natural = b.micro_batches(None, 10**6)
+    assert len(natural) == 1
+    five = b.micro_batches(None, 10**6, count=5)
+    assert len(five) == 5 and all(len(mb.trajectories) >= 1 for mb in five)
+    assert sorted(t for mb in five for t in mb.trajectories.tolist()) == list(range(12))
+    assert sum(mb.num_tokens for mb in five) == sum(mb.num_tokens for mb in natural)
+    assert balanced_bins([5, 1, 4, 2], 2) == [[0, 1], [2, 3]]  # 5 | 4, then 2 joins the 4, 1 the 5: 6 | 6
+    with pytest.raises(ValueError, match="12 trajectories cannot fill 13 micro-batches"):
+        b.micro_batches(None, 10**6, count=13)

@@ -256,6 +256,39 @@ def test_weight_update_changes_outputs_and_version(tiny_model_dir, codec):
         e.stop()
 
 
+def test_moe_experts_update_by_their_checkpoint_names(tmp_path):
+    """A push names each expert's projections as the checkpoint does (HF keeps them stacked):
+    each lands in its expert's slice of the stacked tensor, and the next answer changes."""
+    from agent_r1.models.tiny import build_tiny_model
+    from agent_r1.rollout.engine import checkpoint_tensors
+    from recipes import load_recipe
+
+    d = build_tiny_model(tmp_path / "moe", load_recipe("arithmetic_tool").corpus(num=100), arch="qwen3_moe", vocab_size=400)  # fmt: skip
+    e = Engine(d, max_running=2, max_len=128).start()
+    try:
+        greedy = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+        (a,) = e.generate_sync([1, 5, 9, 14], greedy, return_logprob=True)
+        names = checkpoint_tensors(e.model)
+        assert "model.layers.1.mlp.experts.7.up_proj.weight" in names
+        assert not [n for n in names if n.endswith(("gate_up_proj", "experts.down_proj"))]
+        g = torch.Generator().manual_seed(0)
+        new = {
+            f"model.layers.{i}.mlp.experts.{x}.{p}_proj.weight": torch.randn(names[f"model.layers.{i}.mlp.experts.{x}.{p}_proj.weight"].shape, generator=g)
+            for i in range(2) for x in range(8) for p in ("gate", "up", "down")
+        }  # fmt: skip
+        e.update_weights(new, version="2")
+        stacked = e.model.model.layers[0].mlp.experts
+        inter = stacked.gate_up_proj.shape[1] // 2
+        assert torch.equal(
+            stacked.gate_up_proj[3, inter:], new["model.layers.0.mlp.experts.3.up_proj.weight"]
+        )
+        assert torch.equal(stacked.down_proj[5], new["model.layers.0.mlp.experts.5.down_proj.weight"])
+        (b,) = e.generate_sync([1, 5, 9, 14], greedy, return_logprob=True)
+        assert b.out_logprobs != a.out_logprobs and b.weight_version == "2"
+    finally:
+        e.stop()
+
+
 @pytest.mark.parametrize(
     "prompt,sampling,msg",
     [
@@ -275,7 +308,7 @@ def test_bad_requests_name_the_field(engine, prompt, sampling, msg):
         engine.make_requests(prompt, sampling)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3_moe"])
 def test_other_architectures_match_transformers(tmp_path, arch, codec):
     from agent_r1.models.tiny import build_tiny_model
     from recipes import load_recipe
@@ -296,7 +329,8 @@ def test_other_architectures_match_transformers(tmp_path, arch, codec):
         (r,) = e.generate_sync(
             prompt, {"temperature": 0, "max_new_tokens": 20, "ignore_eos": True}, return_logprob=True
         )
-        hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float64).eval()
+        eager = {"experts_implementation": "eager"} if arch == "qwen3_moe" else {}  # float64 experts
+        hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float64, **eager).eval()
         with torch.no_grad():
             ids = torch.tensor([prompt])
             for _ in range(20):

@@ -27,6 +27,9 @@ process:
    an image (tower features and pads' rows on the GPU) and the learner's (Megatron local spec,
    mRoPE, the vision tower as a submodule, a ``LearnerBatch`` from records with images) against
    transformers' own model; no baseline (a correctness check).
+7. ``moe_update``          -- a tiny Qwen3-MoE on the device: the engine's and the learner's
+   (Megatron-Core's MoE layer, alltoall dispatcher) logprobs against transformers' own model, one
+   PPO step of the learner (finite gradient norm, the routers' token shares); a correctness check.
 
 ``--cpu`` runs the same checks on the CPU at a small size (fp32, gloo, shared-memory IPC): a
 smoke test of this script, not a measurement.
@@ -39,6 +42,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import socket
 import subprocess
@@ -579,6 +583,61 @@ def vision_language(c: Ctx) -> dict:
         "ok": engine_diff < 1e-3 and learner_diff < 1e-3,
         "engine_vs_hf": engine_diff,
         "learner_vs_hf": learner_diff,
+    }
+
+
+# ---- 7. mixture of experts -------------------------------------------------------------------------
+@check
+def moe_update(c: Ctx) -> dict:
+    """A tiny Qwen3-MoE (8 experts, top 2) on the device: the engine's sampled logprobs and the
+    learner's (Megatron-Core's MoE layer, the alltoall dispatcher) against transformers' own model,
+    then one PPO optimizer step of the learner (finite gradient norm, the routers' token shares)."""
+    from transformers import AutoModelForCausalLM
+
+    from agent_r1.learner.actor import Actor, PolicyTargets
+    from agent_r1.learner.batch import LearnerBatch
+    from agent_r1.learner.optim import OptimConfig
+    from agent_r1.models.tiny import build_tiny_model
+    from agent_r1.records.schema import StepRecord, records_to_table
+    from agent_r1.rollout.engine import Engine
+    from megatron_bridge import BridgeConfig
+    from recipes import load_recipe
+
+    d = build_tiny_model(
+        c.tmp / "moe", load_recipe("arithmetic_tool").corpus(num=200), arch="qwen3_moe", vocab_size=400
+    )
+    ids = [1, 5, 9, 14, 30, 2, 7]
+    eng = Engine(d, device=str(c.device), max_running=4, max_len=256)
+    (r,) = eng.make_requests(ids, {"max_new_tokens": 16, "temperature": 1.0, "ignore_eos": True, "sampling_seed": 1},
+                             return_logprob=True)  # fmt: skip
+    eng.submit([r])
+    eng.run_until_idle()
+    eng = None
+    hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).to(c.device).eval()
+    full = torch.tensor([ids + r.out_ids], device=c.device)
+    with torch.no_grad():
+        logits = hf(input_ids=full).logits[0].float()
+    lp = torch.log_softmax(logits, -1)[len(ids) - 1 : -1].gather(1, full[0, len(ids) :, None])[:, 0].cpu()
+    engine_diff = float((lp - torch.tensor(r.out_logprobs)).abs().max())
+    rec = StepRecord("t", "g", 0, ids, r.out_ids, r.out_logprobs, [1] * len(r.out_ids), done=True, reward=1.0)
+    batch = LearnerBatch.from_table(records_to_table([rec]), c.device)
+    micro = batch.micro_batches(None, 4096)
+    actor = Actor(d, BridgeConfig(), OptimConfig(lr=1e-4))
+    learner_lp = actor.logprobs(micro, batch.num_action_tokens)
+    learner_diff = float((learner_lp.float().cpu() - lp).abs().max())
+    adv = batch.per_token(torch.ones(batch.num_steps, device=c.device))
+    metrics, _ = actor.train_step(micro, PolicyTargets(adv, learner_lp), "ppo")
+    shares = actor.router_stats.report(1)
+    total = sum(v for k, v in shares.items() if k.startswith("moe/expert_share/"))
+    return {
+        "ok": engine_diff < 1e-3
+        and learner_diff < 1e-3
+        and math.isfinite(metrics["grad_norm"])
+        and abs(total - 1) < 1e-6,
+        "engine_vs_hf": engine_diff,
+        "learner_vs_hf": learner_diff,
+        "grad_norm": metrics["grad_norm"],
+        "max_expert_load": shares["moe/max_expert_load"],
     }
 
 

@@ -1,0 +1,52 @@
+"""One rank of the MoE learner checks: PPO steps on a fixed batch with the experts spread over two
+ranks (EP 2, DP 2) reduce the loss; the checkpoint (Megatron's dist_checkpointing) resumes at
+EP 2, with every expert on each rank (EP 1) and over two pipeline stages with the same next loss."""
+
+from megatron_rank import batch_loss, finish, init_rank, ppo_setup, rank_argv
+
+LAYOUTS = {"ep2": (1, 2), "ep1": (1, 1), "pp2": (2, 1)}  # pp, ep
+
+
+def main() -> None:
+    rank, world, port, model_dir, ckpt, out = rank_argv()
+    init_rank(rank, world, port)
+    import megatron.core  # noqa: F401
+    from megatron.core import parallel_state as ps
+
+    from agent_r1.learner.actor import Actor, PolicyTargets
+    from megatron_bridge import BridgeConfig
+
+    batch, micro, adv, optim = ppo_setup(model_dir)
+
+    def init(pp: int, ep: int) -> None:
+        ps.initialize_model_parallel(1, pp, expert_model_parallel_size=ep, expert_tensor_parallel_size=1)
+
+    init(1, 2)
+    actor = Actor(model_dir, BridgeConfig(ep=2), optim)
+    targets = PolicyTargets(adv, actor.logprobs(micro, batch.num_action_tokens))
+
+    def loss(a):
+        return batch_loss(a, batch, micro, targets)
+
+    losses = [loss(actor)]
+    for _ in range(3):
+        actor.train_step(micro, targets, "ppo")
+        losses.append(loss(actor))
+    results = {
+        "losses": losses,
+        "local_experts": len(actor.module.decoder.layers[0].mlp.experts.local_experts),
+    }
+    actor.save(ckpt, {})
+    results["saved"] = loss(actor)
+    ps.destroy_model_parallel()
+    for layout, (pp, ep) in LAYOUTS.items():
+        init(pp, ep)
+        a = Actor(model_dir, BridgeConfig(pp=pp, ep=ep), optim)
+        a.load(ckpt)
+        results[f"resumed_{layout}"] = loss(a)
+        ps.destroy_model_parallel()
+    finish(rank, results, out)
+
+
+if __name__ == "__main__":
+    main()
