@@ -91,14 +91,15 @@ def resolve_model(a: Any, export_dir: Path) -> tuple[Any, str | None, str]:
     return cfg, str(export_checkpoint(ckpt, Path(cfg.model.path), export_dir / f"hf_{ckpt.name}")), str(ckpt)
 
 
-def start_server(model: str, max_len: int, dtype: str, threads: int | None) -> tuple[subprocess.Popen, str]:
-    """``agent-r1 serve`` on a free loopback port, as its own process (as the trainer's servers)."""
-    import tempfile
-
+def start_server(
+    model: str, max_len: int, dtype: str, threads: int | None, workdir: Path
+) -> tuple[subprocess.Popen, str]:
+    """``agent-r1 serve`` on a free loopback port, as its own process (as the trainer's servers);
+    its ready file and log in ``workdir``."""
     from agent_r1.process import die_with_parent
 
-    tmp = Path(tempfile.mkdtemp(prefix="agent_r1_eval_"))
-    ready, log_path = tmp / "server.json", tmp / "server.log"
+    workdir.mkdir(parents=True, exist_ok=True)
+    ready, log_path = workdir / "server.json", workdir / "server.log"
     cmd = [sys.executable, "-m", "agent_r1.cli", "serve", "--model", model, "--port", "0",
            "--max-len", str(max_len), "--dtype", dtype, "--ready-file", str(ready), "--strict"]  # fmt: skip
     if threads:
@@ -200,8 +201,11 @@ def serving(
 ) -> Iterator[Policy]:
     """``policy`` answered by ``servers`` embedded servers (``--max-len``, ``--dtype``) until the
     block ends; with ``--url`` by the servers given."""
+    import tempfile
+
     cfg, episode = policy.cfg, policy.episode
     procs: list[subprocess.Popen] = []
+    work = tempfile.TemporaryDirectory(prefix="agent_r1_serve_")  # ready files and logs, removed after
     try:
         if not policy.urls:
             max_len = a.max_len or (cfg.model.max_len if cfg is not None else episode.context_len)
@@ -214,8 +218,10 @@ def serving(
             threads = cfg.rollout.server_cpus if cfg is not None else None
             if announce:
                 print(f"starting the embedded engine for {policy.model} ...", flush=True)
-            for _ in range(servers):
-                proc, url = start_server(policy.model, max_len, dtype, threads)
+            for i in range(servers):
+                proc, url = start_server(
+                    policy.model, max_len, dtype, threads, Path(work.name) / f"server_{i}"
+                )
                 procs.append(proc)
                 policy.urls.append(url)
         yield policy
@@ -223,3 +229,4 @@ def serving(
         for p in procs:
             p.terminate()
             p.wait(30)
+        work.cleanup()
