@@ -21,14 +21,20 @@ class RouterStats:
         from megatron.core.transformer.moe.router import TopKRouter
 
         self.routers = [m for m in module.modules() if isinstance(m, TopKRouter)]
-        experts = self.routers[0].config.num_moe_experts if self.routers else 0
-        self.counts = torch.zeros(len(self.routers), experts, dtype=torch.float64)
+        self.experts = self.routers[0].config.num_moe_experts if self.routers else 0
+        self.counts: torch.Tensor | None = None  # (layers, experts), where the routing happens
         for i, router in enumerate(self.routers):
             router.register_forward_hook(lambda mod, args, out, i=i: self._count(i, out))
 
     def _count(self, layer: int, out: tuple[torch.Tensor, torch.Tensor]) -> None:
-        if torch.is_grad_enabled():
-            self.counts[layer] += out[1].sum(0).to("cpu", torch.float64)
+        if not torch.is_grad_enabled():
+            return
+        routed = out[1]  # (tokens, experts) bool: kept on its device (no host sync per layer)
+        if self.counts is None:
+            self.counts = torch.zeros(
+                len(self.routers), self.experts, dtype=torch.float64, device=routed.device
+            )
+        self.counts[layer] += routed.sum(0)
 
     def report(self, tp_size: int) -> dict[str, float]:
         """The shares and the imbalance over every rank (a collective: every rank calls it; TP
@@ -36,14 +42,17 @@ class RouterStats:
         the backend's collectives need."""
         from agent_r1.learner.device import collective_device
 
-        counts = self.counts.to(collective_device(), torch.float32)
+        device = collective_device()
+        if self.counts is None:  # no training forward since the last report
+            self.counts = torch.zeros(len(self.routers), self.experts, dtype=torch.float64, device=device)
+        counts = self.counts.to(device)
         per_expert = counts.sum(0)
         worst = (counts.max(1).values / counts.mean(1).clamp_min(1e-9)).max().reshape(1)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(per_expert)
             dist.all_reduce(worst, op=dist.ReduceOp.MAX)
             per_expert = per_expert / tp_size
-        self.counts.zero_()
+        self.counts = None
         share = (per_expert / per_expert.sum().clamp_min(1e-9)).cpu()
         out = {f"moe/expert_share/e{e:03d}": float(x) for e, x in enumerate(share.tolist())}
         out["moe/max_expert_load"] = float(worst.cpu()[0])
