@@ -23,6 +23,7 @@ class BridgeConfig:
     tp: int = 1
     pp: int = 1
     ep: int = 1  # expert parallel: each rank of an EP group holds experts / ep of them (MoE only)
+    sp: bool = False  # sequence parallel (tp > 1): the residual stream split over the TP ranks
     dtype: str = "float32"  # float32 | bfloat16
     precision: str = "default"  # default | fp8 (Transformer Engine on GPU only)
     fp8_recipe: str = "delayed"  # delayed | tensorwise (current scaling)
@@ -34,6 +35,8 @@ class BridgeConfig:
             raise ValueError(
                 f"parallel.tp, parallel.pp and parallel.ep must be >= 1, got {self.tp}, {self.pp}, {self.ep}"
             )
+        if self.sp and self.tp == 1:
+            raise ValueError("parallel.sp needs parallel.tp > 1 (it splits tokens over the TP ranks)")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"model.dtype must be float32 or bfloat16, got {self.dtype!r}")
         if self.precision not in ("default", "fp8"):
@@ -86,6 +89,22 @@ def megatron_config(hf: Any, bc: BridgeConfig):
         raise ValueError(f"parallel.ep={bc.ep} needs a mixture-of-experts model; {hf.model_type} is dense")
     if moe is not None and moe.experts % bc.ep:
         raise ValueError(f"parallel.ep={bc.ep} must divide the model's experts ({moe.experts})")
+    if moe is not None and bc.tp > 1 and not bc.sp:
+        raise ValueError(
+            f"parallel.tp={bc.tp} with a mixture-of-experts model needs parallel.sp=true "
+            "(Megatron-Core's MoE layer takes the sequence-parallel token split at TP > 1)"
+        )
+    if moe is not None and bc.tp > 1 and bc.ep == 1:
+        raise ValueError(
+            f"parallel.tp={bc.tp} with a mixture-of-experts model needs parallel.ep > 1: at EP 1 "
+            "Megatron-Core treats the (whole, expert TP 1) experts as dense weights and never sums "
+            "the gradients each TP rank takes from its own tokens; spread them, e.g. parallel.ep=tp"
+        )
+    if bc.sp and arch.mrope:
+        raise ValueError(
+            f"parallel.sp with {arch.model_type}: the image embeddings replace token rows of the "
+            "full stream before the decoder; use parallel.sp=false for vision-language models"
+        )
     dtype = getattr(torch, bc.dtype)
     on_gpu = torch.cuda.is_available() or _dry_run()
     fp8 = {}
@@ -109,6 +128,7 @@ def megatron_config(hf: Any, bc: BridgeConfig):
         attention_dropout=0.0,
         tensor_model_parallel_size=bc.tp,
         pipeline_model_parallel_size=bc.pp,
+        sequence_parallel=bc.sp,
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=bc.dtype == "bfloat16",
@@ -143,9 +163,43 @@ def megatron_config(hf: Any, bc: BridgeConfig):
         spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm, **experts)
     else:
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
         spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm", **experts)
+        if bc.sp:
+            spec = _replace_module(spec, WrappedTorchNorm, SequenceParallelRMSNorm)
     return cfg, kwargs, spec
+
+
+class SequenceParallelRMSNorm(torch.nn.RMSNorm):
+    """The local spec's norm (torch's RMSNorm, as Megatron-Core's ``WrappedTorchNorm`` builds it)
+    under sequence parallelism. ``WrappedTorchNorm`` refuses sequence parallelism because nothing
+    marks its weight: each TP rank's gradient then covers only its slice of the tokens. Marked
+    ``sequence_parallel``, Megatron's ``finalize_model_grads`` sums it over the TP ranks, as it
+    does for Transformer Engine's and Apex's norms."""
+
+    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any):
+        super().__init__(hidden_size, eps=eps)
+        self.weight.sequence_parallel = bool(config.sequence_parallel)
+
+
+def _replace_module(spec: Any, old: type, new: type) -> Any:
+    """``spec`` (a Megatron ``ModuleSpec`` tree) with every use of the module class ``old`` by
+    ``new``."""
+    import dataclasses
+
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    if spec is old:
+        return new
+    if not isinstance(spec, ModuleSpec):
+        return spec
+    sub = spec.submodules
+    if dataclasses.is_dataclass(sub) and not isinstance(sub, type):
+        sub = dataclasses.replace(
+            sub, **{f.name: _replace_module(getattr(sub, f.name), old, new) for f in dataclasses.fields(sub)}
+        )
+    return dataclasses.replace(spec, module=new if spec.module is old else spec.module, submodules=sub)
 
 
 def _moe_fields(moe: Any, bc: BridgeConfig) -> dict[str, Any]:
@@ -177,6 +231,15 @@ def build_gpt_model(hf: Any, bc: BridgeConfig):
     cfg, kwargs, spec = megatron_config(hf, bc)
     if cfg.num_moe_experts:
         _moe_without_te()
+    if bc.sp and not te_available():  # the final norm too: the block's own default refuses SP
+        from megatron.core.transformer.transformer_block import (
+            TransformerBlockSubmodules,
+            get_num_layers_to_build,
+        )
+
+        spec = TransformerBlockSubmodules(
+            layer_specs=[spec] * get_num_layers_to_build(cfg), layer_norm=SequenceParallelRMSNorm
+        )
     return GPTModel(
         config=cfg,
         transformer_layer_spec=spec,

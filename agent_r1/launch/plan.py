@@ -175,6 +175,7 @@ def plan_stage(
     from megatron.core import parallel_state as ps
 
     from agent_r1.learner import dry_run
+    from agent_r1.learner.optim import pad_multiple
 
     cfg, hf_config, fp8 = planned_config(overrides)
     p = cfg.parallel
@@ -184,7 +185,7 @@ def plan_stage(
         rank,
         p.learner_ranks,
         backend=p.backend,
-        pad_to=cfg.optim.pad_multiple,
+        pad_to=pad_multiple(cfg.optim, "default", p.tp if p.sp else 1),
         fused_kernels=fused_kernels,
         schedule_limit=None if every_microbatch else p.pp + 1,
     )

@@ -95,6 +95,16 @@ def model_problems(cfg: TrainConfig, local: bool = True) -> list[str]:
             out.append(f"parallel.ep={par.ep}: the model is dense (no experts to spread); use parallel.ep=1")
         elif dims["experts"] % par.ep:
             out.append(f"parallel.ep={par.ep} does not divide the model's {dims['experts']} experts")
+        if dims["experts"] and par.tp > 1 and not par.sp:
+            out.append(
+                f"parallel.tp={par.tp} with a mixture-of-experts model needs parallel.sp=true "
+                "(Megatron-Core's MoE layer takes the sequence-parallel token split at TP > 1)"
+            )
+        if dims["experts"] and par.tp > 1 and par.ep == 1:
+            out.append(
+                f"parallel.tp={par.tp} with a mixture-of-experts model needs parallel.ep > 1 (at EP 1 "
+                "Megatron-Core never sums the experts' gradients over the TP ranks): e.g. parallel.ep=tp"
+            )
         if dims["positions"] and m.max_len > dims["positions"]:
             out.append(
                 f"model.max_len={m.max_len} exceeds the model's max_position_embeddings={dims['positions']}"

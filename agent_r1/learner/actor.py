@@ -465,12 +465,18 @@ class Actor:
 def _skip_single_rank_sync(model: Any) -> None:
     """With one data-parallel rank there is nothing to reduce or gather, but Megatron's buckets
     would still send every gradient (reduce-scatter / all-reduce) and every parameter
-    (all-gather) through a one-rank collective, a full copy of the model each way per step."""
+    (all-gather) through a one-rank collective, a full copy of the model each way per step.
+    Dense and expert parameters count apart: experts (expert TP 1) are data-parallel over the
+    TP ranks too (each routes its own tokens under sequence parallelism), so at TP 2 and DP 1
+    their gradients still sum over two ranks."""
     from megatron.core import parallel_state as ps
 
     if ps.get_data_parallel_world_size(with_context_parallel=True) != 1:
-        return
-    for group in [*model.bucket_groups, *model.expert_parallel_bucket_groups]:
+        return  # (expert gradients are scaled by 1 / dp in their sync even where their group is one rank)
+    single = list(model.bucket_groups)
+    if ps.get_expert_data_parallel_world_size() == 1:
+        single += model.expert_parallel_bucket_groups
+    for group in single:
         assert all(b.gradient_scaling_factor == 1.0 for b in group.buckets)  # 1 / dp: nothing to scale
         group.start_grad_sync = _noop
         group.start_param_sync = _noop

@@ -3,6 +3,7 @@ warmup + cosine decay, gradient clipping, and the packed micro-batch token budge
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,11 +39,12 @@ class OptimConfig:
 FP8_ALIGNMENT = 16  # Transformer Engine: FP8 GEMM dimensions must be multiples of 16
 
 
-def pad_multiple(optim: OptimConfig, precision: str) -> int:
-    """The multiple every micro-batch's stream is padded to."""
-    if optim.pad_multiple:
-        return optim.pad_multiple
-    return FP8_ALIGNMENT if precision == "fp8" else 1
+def pad_multiple(optim: OptimConfig, precision: str, sequence_split: int = 1) -> int:
+    """The multiple every micro-batch's stream is padded to: ``optim.pad_multiple`` (0: 16 for
+    FP8, else 1), times what it lacks of ``sequence_split`` (sequence parallelism gives each of
+    the tp ranks an equal slice of the stream)."""
+    base = optim.pad_multiple or (FP8_ALIGNMENT if precision == "fp8" else 1)
+    return math.lcm(base, sequence_split)
 
 
 def torch_optimizers(megatron_optimizer: Any) -> list[Any]:

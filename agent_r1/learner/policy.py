@@ -313,7 +313,14 @@ def install_output_rows(model: Any) -> dict[str, Any] | None:
     reads logits only before action tokens (and the critic only at step starts), so the
     vocabulary projection and its backward skip every observation token. The layer keeps its
     name (its ``forward`` is wrapped), so checkpoints and weight export are unchanged. None on
-    stages without an output layer."""
+    stages without an output layer.
+
+    With sequence parallelism each TP rank holds 1/tp of the stream's rows: they are gathered
+    first (the backward hands each rank its own slice of the gradient), the rows chosen from the
+    whole stream, and the layer then runs as without sequence parallelism (its input gradient
+    summed over the TP ranks, as each holds a slice of the vocabulary)."""
+    from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
     m = _unwrap(model)
     layer = getattr(m, "output_layer", None)
     if layer is None:
@@ -323,10 +330,21 @@ def install_output_rows(model: Any) -> dict[str, Any] | None:
         return box
     box = {"rows": None}
     inner = layer.forward
+    split = bool(m.config.sequence_parallel and m.config.tensor_model_parallel_size > 1)
 
     def forward(hidden: torch.Tensor, *args: Any, **kwargs: Any):
         rows = box["rows"]
-        return inner(hidden if rows is None else hidden.index_select(0, rows), *args, **kwargs)
+        if split:
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
+        if rows is not None:
+            hidden = hidden.index_select(0, rows)
+        if not split or not hasattr(layer, "allreduce_dgrad"):
+            return inner(hidden, *args, **kwargs)
+        layer.sequence_parallel, layer.allreduce_dgrad = False, True  # the rows are whole now
+        try:
+            return inner(hidden, *args, **kwargs)
+        finally:
+            layer.sequence_parallel, layer.allreduce_dgrad = True, False
 
     layer.forward = forward
     m._output_rows_box = box
@@ -358,7 +376,7 @@ def packed_forward(
     (mRoPE) and take the local spec's ``PackedRotary``."""
     from megatron.core import parallel_state as ps
 
-    out_rows = install_output_rows(model) if rows is not None else None
+    out_rows = install_output_rows(model)  # also gathers a sequence-parallel stream's rows
     if out_rows is not None:
         out_rows["rows"] = rows
     try:
@@ -392,6 +410,13 @@ def _forward(model: Any, packed: Packed, vision: Any = None) -> torch.Tensor:
     from agent_r1.learner import dry_run
 
     multimodal = packed.positions.dim() == 2
+    cfg = _unwrap(model).config
+    if cfg.sequence_parallel and packed.num_tokens % cfg.tensor_model_parallel_size:
+        raise ValueError(
+            f"a packed stream of {packed.num_tokens} tokens does not split over "
+            f"{cfg.tensor_model_parallel_size} sequence-parallel ranks: build the micro-batches with "
+            "pad_to a multiple of parallel.tp (agent_r1.learner.optim.pad_multiple)"
+        )
     if _uses_te(model) and multimodal:
         raise NotImplementedError(
             "multimodal (mRoPE) positions run on the local layer spec; the Transformer Engine spec "

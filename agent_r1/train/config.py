@@ -87,6 +87,9 @@ class ParallelConfig:
     # expert parallel (mixture-of-experts models): the experts spread over ep ranks of the
     # tp * dp ranks of a stage, each expert whole (expert TP 1)
     ep: int = 1
+    # sequence parallel (with tp > 1): norms, dropout and the residual stream hold 1/tp of the
+    # tokens each, gathered for the tensor-parallel matmuls; Megatron-Core needs it for MoE at tp > 1
+    sp: bool = False
     backend: str = "gloo"  # gloo (CPU) | nccl (GPU)
 
     def __post_init__(self) -> None:
@@ -100,6 +103,11 @@ class ParallelConfig:
             self.ep >= 1 and (self.tp * self.dp) % self.ep == 0,
             "parallel.ep",
             f"must divide the tp * dp = {self.tp * self.dp} ranks of a pipeline stage, got {self.ep}",
+        )
+        _check(
+            not self.sp or self.tp > 1,
+            "parallel.sp",
+            "sequence parallelism splits tokens over the tensor-parallel ranks: it needs parallel.tp > 1",
         )
         _check(self.backend in ("gloo", "nccl"), "parallel.backend", f"gloo or nccl, got {self.backend!r}")
 
@@ -508,6 +516,7 @@ def bridge_config(cfg: TrainConfig):
         tp=cfg.parallel.tp,
         pp=cfg.parallel.pp,
         ep=cfg.parallel.ep,
+        sp=cfg.parallel.sp,
         dtype=cfg.model.dtype,
         precision=cfg.model.precision,
         fp8_recipe=cfg.model.fp8_recipe,

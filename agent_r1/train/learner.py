@@ -133,7 +133,8 @@ class Learner:
         """The selection's micro-batches; with expert parallelism as many on every data-parallel
         rank (each forward of an MoE layer exchanges tokens with the other EP ranks: a rank with
         fewer would leave them waiting), a collective then."""
-        pad_to = pad_multiple(self.cfg.optim, self.cfg.model.precision)
+        par = self.cfg.parallel
+        pad_to = pad_multiple(self.cfg.optim, self.cfg.model.precision, par.tp if par.sp else 1)
         micro = b.micro_batches(trajectories, self.cfg.optim.micro_tokens, cache=cache, pad_to=pad_to)
         if self.cfg.parallel.ep == 1:
             return micro

@@ -182,3 +182,14 @@ def test_expert_parallel_against_an_moe_model(tmp_path):
     assert not [p for p in ok if "parallel.ep" in p], ok
     bad = model_problems(load_config([*base, "parallel.ep=3", "parallel.learner_ranks=3"]))
     assert "parallel.ep=3 does not divide the model's 128 experts" in bad, bad
+    # tensor parallelism with experts: sequence parallel, and the experts spread (EP > 1)
+    tp = [*base, "parallel.tp=2", "parallel.learner_ranks=2"]
+    bad = model_problems(load_config(tp))
+    assert [
+        p for p in bad if p.startswith("parallel.tp=2 with a mixture-of-experts model needs parallel.sp=true")
+    ]
+    assert [
+        p for p in bad if p.startswith("parallel.tp=2 with a mixture-of-experts model needs parallel.ep > 1")
+    ]
+    ok = model_problems(load_config([*tp, "parallel.sp=true", "parallel.ep=2"]))
+    assert not [p for p in ok if "parallel." in p], ok

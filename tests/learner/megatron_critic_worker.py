@@ -68,6 +68,18 @@ def main() -> None:
         a_lp = gather_first(_list(actor.logprobs(micro, batch.num_action_tokens)), world)
         r_lp = gather_first(_list(ref.logprobs(micro, batch.num_action_tokens)), world)
         results[f"ref_diff_{layout}"] = max(abs(x - y) for x, y in zip(a_lp, r_lp, strict=True))
+    # sequence parallelism (TP 2): the value head reads the gathered stream; the values after two
+    # steps (the first moves only the zero-initialised head, the second the backbone too) and the
+    # third step's gradient equal TP 2's without it (on streams padded to halves for both)
+    halves = batch.micro_batches(None, 40, pad_to=2)
+    ps.initialize_model_parallel(tensor_model_parallel_size=2)
+    for sp in (False, True):
+        c = Critic(model_dir, BridgeConfig(tp=2, sp=sp), OptimConfig(lr=3e-3, micro_tokens=40))
+        for _ in range(2):
+            c.train_step(halves, returns)
+        results[f"sp{sp:d}_values"] = gather_first(_list(c.values(halves, n)), world)
+        results[f"sp{sp:d}_grad_norm"] = c.train_step(halves, returns)["grad_norm"]
+    ps.destroy_model_parallel()
     finish(rank, results, out)
 
 

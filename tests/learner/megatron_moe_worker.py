@@ -1,7 +1,7 @@
 """One rank of the Qwen3-MoE bridge checks: packed logprobs through Megatron-Core's MoE layer
-(top-k router, SequentialMLP experts, the alltoall dispatcher) at TP1, EP2 and PP2 equal per-step
-recomputation with the HF model; the export gives back every HF tensor by name. (TP > 1 with
-MoE trains only with sequence parallelism, which Megatron-Core requires.)"""
+(top-k router, SequentialMLP experts, the alltoall dispatcher) at TP1, EP2, TP2 with sequence
+parallelism (which Megatron-Core requires for MoE at TP > 1) and PP2 equal per-step
+recomputation with the HF model; the export gives back every HF tensor by name."""
 
 import torch
 import torch.distributed as dist
@@ -15,7 +15,7 @@ from megatron_rank import (
     synth_batch,
 )
 
-LAYOUTS = {"1x1": (1, 1, 1), "ep2": (1, 1, 2), "pp2": (1, 2, 1)}  # tp, pp, ep (TP > 1 needs SP)
+LAYOUTS = {"1x1": (1, 1, 1), "ep2": (1, 1, 2), "tp2sp": (2, 1, 2), "pp2": (1, 2, 1)}  # tp, pp, ep
 
 
 def hf_step_logprobs(hf, table) -> torch.Tensor:
@@ -33,15 +33,17 @@ def hf_step_logprobs(hf, table) -> torch.Tensor:
 def grad_diff(model, packed, vocab: int, w, ref: dict, world: int) -> float:
     """max |grad - HF's| of layer 0's router and every expert's gate|up and down, after the same
     weighted logprob sum's backward through Megatron (experts gathered over the EP group; before
-    DDP's reduction, so per rank)."""
+    DDP's reduction, so per rank; with sequence parallelism each TP rank routed its own slice of
+    the tokens: the router's and experts' gradients are the sum over the TP ranks)."""
     from megatron.core import parallel_state as ps
 
     from agent_r1.learner.policy import packed_forward, packed_logprobs
 
     model.zero_grad()
     logits = packed_forward(model, packed, packed.label_pos - 1)
+    v0 = ps.get_tensor_model_parallel_rank() * logits.shape[-1]
     lp, _ = packed_logprobs(
-        logits, packed.tokens[packed.label_pos], ps.get_tensor_model_parallel_group(), 0, vocab
+        logits, packed.tokens[packed.label_pos], ps.get_tensor_model_parallel_group(), v0, vocab
     )
     (lp.double() * w[packed.act_index]).sum().backward()
     params = dict(model.named_parameters())
@@ -52,9 +54,12 @@ def grad_diff(model, packed, vocab: int, w, ref: dict, world: int) -> float:
         local = torch.stack([params[f"{m}experts.local_experts.{i}.{name}.weight"].grad for i in range(per)])
         parts = [torch.empty_like(local) for _ in range(ps.get_expert_model_parallel_world_size())]
         dist.all_gather(parts, local, group=ps.get_expert_model_parallel_group())
-        # every rank routed the same batch: an expert's gradient holds each EP rank's tokens
-        # (Megatron's DDP then divides by the data-parallel size, as for dense gradients)
-        got[key] = torch.cat(parts) / len(parts)
+        # without sequence parallelism every rank routed the whole batch: an expert's gradient
+        # holds each EP rank's copy of the tokens (Megatron's DDP then divides by the data-parallel
+        # size); with it each TP rank routed its own half, and an expert saw every token once
+        got[key] = torch.cat(parts) / (len(parts) // ps.get_tensor_model_parallel_world_size())
+    if ps.get_tensor_model_parallel_world_size() > 1:  # the router saw each rank's half
+        dist.all_reduce(got["router"], group=ps.get_tensor_model_parallel_group())
     diff = max(float((got[k].double() - ref[k]).abs().max()) for k in ref)
     allres = [None] * world
     dist.all_gather_object(allres, diff)
@@ -71,7 +76,7 @@ def main() -> None:
     ).eval()
     batch = synth_batch(hf.config.vocab_size, n=4, seed=1, max_steps=5, longer=True)
     ref = per_step_logprobs(hf, batch.table)
-    (packed,) = batch.micro_batches(None, 10**9)
+    (packed,) = batch.micro_batches(None, 10**9, pad_to=2)  # sequence parallel: halves at TP 2
     # gradients of sum(w * logprob) over every action token, per step through HF (float64; the
     # router's load-balancing loss off on both sides: HF adds it only with output_router_logits)
     w = torch.linspace(-1.0, 1.0, len(ref), dtype=torch.float64)
@@ -104,7 +109,7 @@ def main() -> None:
             expert_tensor_parallel_size=1,
         )
         model_parallel_cuda_manual_seed(0)
-        model = build_gpt_model(cfg, BridgeConfig(tp=tp, pp=pp, ep=ep))
+        model = build_gpt_model(cfg, BridgeConfig(tp=tp, pp=pp, ep=ep, sp=tp > 1))
         load_hf_weights(model, state, cfg)
         experts = [n for n, _ in model.named_parameters() if ".local_experts." in n and "layers.0." in n]
         results[f"{layout}_local_experts"] = len(experts) // 2

@@ -34,3 +34,14 @@ def test_critic_checkpoint_resumes(critic_results, layout):
 @pytest.mark.parametrize("layout", ["1x1", "2x1", "1x2"])
 def test_reference_policy_equals_initial_actor(critic_results, layout):
     assert critic_results[f"ref_diff_{layout}"] < 1e-6
+
+
+def test_sequence_parallel_values_and_gradient_equal_plain_tensor_parallel(critic_results):
+    """TP 2 with sequence parallelism: the value head sees the stream gathered from the two
+    halves (its gradient handed back split); the values after two steps (the second moves the
+    backbone, the norms by their gradients summed over the two halves) and the next step's
+    gradient norm equal TP 2 without it."""
+    plain, split = critic_results["sp0_values"], critic_results["sp1_values"]
+    assert max(abs(a) for a in plain) > 1e-3  # the head moved off zero
+    assert max(abs(a - b) for a, b in zip(plain, split, strict=True)) < 1e-5
+    assert critic_results["sp1_grad_norm"] == pytest.approx(critic_results["sp0_grad_norm"], rel=1e-5)

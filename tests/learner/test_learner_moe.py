@@ -1,8 +1,8 @@
 """Qwen3-MoE through the bridge: Megatron-Core's MoE layer (top-k softmax router, one module per
 expert, the alltoall dispatcher) built from the HF config and loaded from the HF checkpoint's
 per-expert tensors gives the HF model's logprobs on a packed, prefix-merged batch at one rank,
-with the experts spread over two ranks (EP 2) and over two pipeline stages, and its gradients
-at one rank and at EP 2; the export gives back every HF tensor by name, the experts gathered to
+with the experts spread over two ranks (EP 2), at TP 2 with sequence parallelism (and EP 2) and
+over two pipeline stages, and its gradients at one rank, at EP 2 and at TP 2 with sequence parallelism; the export gives back every HF tensor by name, the experts gathered to
 the expert-parallel group's first rank."""
 
 import json
@@ -12,7 +12,8 @@ import pytest
 from spawn import spawn_ranks
 
 WORKER = Path(__file__).with_name("megatron_moe_worker.py")
-LAYOUTS = ["1x1", "ep2", "pp2"]
+LAYOUTS = ["1x1", "ep2", "tp2sp", "pp2"]  # tp2sp: TP 2 with sequence parallelism, EP 2
+SPREAD = ("ep2", "tp2sp")  # the layouts whose experts spread over two ranks
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def test_moe_logprobs_equal_hf(moe_results: dict, layout: str) -> None:
     assert moe_results[layout] < 1e-5  # against HF in float64, per step, unpacked
 
 
-@pytest.mark.parametrize("layout", ["1x1", "ep2"])
+@pytest.mark.parametrize("layout", ["1x1", "ep2", "tp2sp"])
 def test_moe_gradients_equal_hf(moe_results: dict, layout: str) -> None:
     """Layer 0's router and every expert's projections, after the backward of a weighted sum of
     the logprobs, against HF's autograd in float64 (the load-balancing loss off on both sides)."""
@@ -58,7 +59,7 @@ def test_moe_gradients_equal_hf(moe_results: dict, layout: str) -> None:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_experts_are_spread_over_the_expert_parallel_group(moe_results: dict, layout: str) -> None:
-    assert moe_results[f"{layout}_local_experts"] == (4 if layout == "ep2" else 8)
+    assert moe_results[f"{layout}_local_experts"] == (4 if layout in SPREAD else 8)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -66,7 +67,7 @@ def test_export_gives_back_every_hf_tensor(moe_results: dict, layout: str) -> No
     assert moe_results[f"{layout}_export_names"]
     assert moe_results[f"{layout}_export_diff"] == 0.0
     # at EP 2 the experts are gathered to the group's first rank only (not held by every rank)
-    assert moe_results[f"{layout}_expert_holders"] == (1 if layout == "ep2" else 2)
+    assert moe_results[f"{layout}_expert_holders"] == (1 if layout in SPREAD else 2)
 
 
 def test_the_bridge_refuses_what_it_cannot_map(tiny_moe_dir: Path, tiny_model_dir: Path) -> None:
@@ -80,6 +81,16 @@ def test_the_bridge_refuses_what_it_cannot_map(tiny_moe_dir: Path, tiny_model_di
         megatron_config(moe, BridgeConfig(ep=3))
     with pytest.raises(ValueError, match="parallel.ep=2 needs a mixture-of-experts model; qwen3 is dense"):
         megatron_config(AutoConfig.from_pretrained(tiny_model_dir), BridgeConfig(ep=2))
+    with pytest.raises(
+        ValueError, match=r"parallel.tp=2 with a mixture-of-experts model needs parallel.sp=true"
+    ):
+        megatron_config(moe, BridgeConfig(tp=2, ep=2))
+    with pytest.raises(
+        ValueError, match=r"parallel.tp=2 with a mixture-of-experts model needs parallel.ep > 1"
+    ):
+        megatron_config(moe, BridgeConfig(tp=2, sp=True))
+    with pytest.raises(ValueError, match=r"parallel.sp needs parallel.tp > 1"):
+        BridgeConfig(sp=True)
     moe.mlp_only_layers = [0]
     with pytest.raises(ValueError, match=r"every layer must be sparse .* mlp_only_layers=\[0\]"):
         megatron_config(moe, BridgeConfig())
@@ -100,9 +111,19 @@ def test_ppo_steps_at_ep2_reduce_the_loss(moe_actor: dict) -> None:
     assert moe_actor["local_experts"] == 4 and losses[-1] < losses[0] - 0.05, losses
 
 
-@pytest.mark.parametrize("layout", ["ep2", "ep1", "pp2"])
+@pytest.mark.parametrize("layout", ["ep2", "ep1", "tp2sp", "pp2"])
 def test_an_ep2_checkpoint_resumes_at_another_layout(moe_actor: dict, layout: str) -> None:
-    """Saved with the experts over two ranks; loaded there, with every expert on each rank, and
-    over two pipeline stages: the same loss on the same batch (Megatron's dist_checkpointing
-    reshards the experts)."""
+    """Saved with the experts over two ranks; loaded there, with every expert on each rank, at
+    TP 2 with sequence parallelism and over two pipeline stages: the same loss on the same batch
+    (Megatron's dist_checkpointing reshards the experts and the tensor-parallel weights)."""
     assert moe_actor[f"resumed_{layout}"] == pytest.approx(moe_actor["saved"], abs=1e-6)
+
+
+def test_a_sequence_parallel_step_has_the_data_parallel_gradient(moe_actor: dict) -> None:
+    """From the same checkpoint, the gradient of a PPO step at TP 2 with sequence parallelism has
+    the norm of the one at DP 2 (each DP rank with the whole batch): the gradients of the norms
+    and the router, each TP rank's for its half of the tokens, are summed over the TP group
+    before the step (counted once in the norm). (The losses after one Adam step are no check:
+    its first update is lr * sign(gradient), which turns float noise in a near-zero gradient
+    into a whole step.)"""
+    assert moe_actor["grad_norm_tp2sp"] == pytest.approx(moe_actor["grad_norm_ep1"], rel=1e-5)
