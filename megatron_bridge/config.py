@@ -24,6 +24,7 @@ class BridgeConfig:
     pp: int = 1
     ep: int = 1  # expert parallel: each rank of an EP group holds experts / ep of them (MoE only)
     sp: bool = False  # sequence parallel (tp > 1): the residual stream split over the TP ranks
+    vpp: int = 1  # virtual pipeline stages per pipeline rank (interleaved schedule; pp > 1)
     dtype: str = "float32"  # float32 | bfloat16
     precision: str = "default"  # default | fp8 (Transformer Engine on GPU only)
     fp8_recipe: str = "delayed"  # delayed | tensorwise (current scaling)
@@ -37,6 +38,8 @@ class BridgeConfig:
             )
         if self.sp and self.tp == 1:
             raise ValueError("parallel.sp needs parallel.tp > 1 (it splits tokens over the TP ranks)")
+        if self.vpp < 1 or (self.vpp > 1 and self.pp == 1):
+            raise ValueError(f"parallel.vpp must be >= 1, and > 1 only with parallel.pp > 1; got {self.vpp}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"model.dtype must be float32 or bfloat16, got {self.dtype!r}")
         if self.precision not in ("default", "fp8"):
@@ -76,8 +79,10 @@ def megatron_config(hf: Any, bc: BridgeConfig):
             f"model.precision=fp8 needs the Transformer Engine layer spec, and {arch.model_type}'s "
             "multimodal rotary positions run on the local spec: use model.precision=default"
         )
-    if hf.num_hidden_layers % bc.pp:
-        raise ValueError(f"parallel.pp={bc.pp} must divide num_hidden_layers={hf.num_hidden_layers}")
+    if hf.num_hidden_layers % (bc.pp * bc.vpp):
+        raise ValueError(
+            f"parallel.pp={bc.pp} x parallel.vpp={bc.vpp} must divide num_hidden_layers={hf.num_hidden_layers}"
+        )
     kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
     if kv_heads % bc.tp or hf.num_attention_heads % bc.tp:
         raise ValueError(
@@ -128,6 +133,11 @@ def megatron_config(hf: Any, bc: BridgeConfig):
         attention_dropout=0.0,
         tensor_model_parallel_size=bc.tp,
         pipeline_model_parallel_size=bc.pp,
+        virtual_pipeline_model_parallel_size=bc.vpp if bc.vpp > 1 else None,
+        # interleaved: sends and receives one direction at a time (Megatron-LM's own rule; batched,
+        # PP 2's two ranks would exchange activations and gradients in one batch, mismatched)
+        overlap_p2p_comm=bc.vpp > 1,
+        batch_p2p_comm=bc.vpp == 1,
         sequence_parallel=bc.sp,
         params_dtype=dtype,
         pipeline_dtype=dtype,
@@ -223,12 +233,20 @@ def _moe_fields(moe: Any, bc: BridgeConfig) -> dict[str, Any]:
     }
 
 
-def build_gpt_model(hf: Any, bc: BridgeConfig):
-    """This rank's pipeline stage of the GPTModel (model parallel state must be initialised)."""
+def build_gpt_chunks(hf: Any, bc: BridgeConfig) -> list[Any]:
+    """This rank's model chunks: its pipeline stage, or with virtual pipeline stages (interleaved
+    schedule) its ``bc.vpp`` stages in schedule order (model parallel state must be initialised)."""
+    built = megatron_config(hf, bc)  # one TransformerConfig for every chunk, as Megatron shares it
+    return [build_gpt_model(hf, bc, vp if bc.vpp > 1 else None, built) for vp in range(bc.vpp)]
+
+
+def build_gpt_model(hf: Any, bc: BridgeConfig, vp_stage: int | None = None, built: Any = None):
+    """This rank's pipeline stage of the GPTModel, or its virtual stage ``vp_stage`` (model
+    parallel state must be initialised); ``built``: ``megatron_config``'s result to reuse."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
-    cfg, kwargs, spec = megatron_config(hf, bc)
+    cfg, kwargs, spec = built or megatron_config(hf, bc)
     if cfg.num_moe_experts:
         _moe_without_te()
     if bc.sp and not te_available():  # the final norm too: the block's own default refuses SP
@@ -238,13 +256,15 @@ def build_gpt_model(hf: Any, bc: BridgeConfig):
         )
 
         spec = TransformerBlockSubmodules(
-            layer_specs=[spec] * get_num_layers_to_build(cfg), layer_norm=SequenceParallelRMSNorm
+            layer_specs=[spec] * get_num_layers_to_build(cfg, vp_stage), layer_norm=SequenceParallelRMSNorm
         )
+    virtual = {} if vp_stage is None else {"vp_stage": vp_stage}
     return GPTModel(
         config=cfg,
         transformer_layer_spec=spec,
-        pre_process=ps.is_pipeline_first_stage(),
-        post_process=ps.is_pipeline_last_stage(),
+        pre_process=ps.is_pipeline_first_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage),
+        post_process=ps.is_pipeline_last_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage),
+        **virtual,
         **kwargs,
     )
 

@@ -62,9 +62,18 @@ def _pad_vocab(w: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.cat([w, w.new_zeros(vocab - w.shape[0], *w.shape[1:])])
 
 
-def stage_layers(num_layers: int, pp: int, pp_rank: int) -> range:
-    per = num_layers // pp
-    return range(pp_rank * per, (pp_rank + 1) * per)
+def stage_layers(num_layers: int, pp: int, pp_rank: int, vpp: int = 1, vp_stage: int = 0) -> range:
+    """The layers of pipeline rank ``pp_rank``'s (virtual) stage ``vp_stage``: Megatron's
+    interleaving deals the ``pp * vpp`` equal stages out round-robin, rank by rank."""
+    per = num_layers // (pp * vpp)
+    start = (vp_stage * pp + pp_rank) * per
+    return range(start, start + per)
+
+
+def _virtual(model: Any) -> tuple[int, int]:
+    """(vpp, vp_stage) of a GPTModel chunk: (1, 0) without virtual pipeline stages."""
+    vp = getattr(model, "vp_stage", None)
+    return (1, 0) if vp is None else (model.config.virtual_pipeline_model_parallel_size, vp)
 
 
 def megatron_state(
@@ -77,17 +86,20 @@ def megatron_state(
     padded_vocab: int,
     ep: int = 1,
     ep_rank: int = 0,
+    vpp: int = 1,
+    vp_stage: int = 0,
 ) -> dict[str, torch.Tensor]:
-    """The Megatron state dict of one (tp_rank, pp_rank, ep_rank) from full HF tensors."""
+    """The Megatron state dict of one (tp_rank, pp_rank, ep_rank) and virtual stage from full HF
+    tensors."""
     hf = language_config(hf)
     arch, d, moe = arch_for(hf), _Dims(hf, tp), moe_config(hf)
     tied = bool(getattr(hf, "tie_word_embeddings", False))
     out: dict[str, torch.Tensor] = {}
-    first, last = pp_rank == 0, pp_rank == pp - 1
+    first, last = pp_rank == 0 and vp_stage == 0, pp_rank == pp - 1 and vp_stage == vpp - 1
     embed = _pad_vocab(hf_state["model.embed_tokens.weight"], padded_vocab)
     if first:
         out["embedding.word_embeddings.weight"] = _rows(embed, tp_rank, tp)
-    for local, i in enumerate(stage_layers(hf.num_hidden_layers, pp, pp_rank)):
+    for local, i in enumerate(stage_layers(hf.num_hidden_layers, pp, pp_rank, vpp, vp_stage)):
         h, m = f"model.layers.{i}.", f"decoder.layers.{local}."
         out[m + "input_layernorm.weight"] = hf_state[h + "input_layernorm.weight"]
         out[m + "pre_mlp_layernorm.weight"] = hf_state[h + "post_attention_layernorm.weight"]
@@ -182,6 +194,7 @@ def load_hf_weights(model: Any, hf_state: dict[str, torch.Tensor], hf: Any) -> N
         padded,
         ps.get_expert_model_parallel_world_size(),
         ps.get_expert_model_parallel_rank(),
+        *_virtual(model),
     )
     own = {k for k in model.state_dict() if not k.endswith("_extra_state")}
     if _is_te(own):
@@ -243,14 +256,15 @@ def export_hf_weights(model: Any, hf: Any) -> Iterator[tuple[str, torch.Tensor]]
     hf = language_config(hf)
     arch, d, moe = arch_for(hf), _Dims(hf, ps.get_tensor_model_parallel_world_size()), moe_config(hf)
     pp, pp_rank = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
+    vpp, vp_stage = _virtual(model)
     tied = bool(getattr(hf, "tie_word_embeddings", False))
     sd = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
     if _is_te(sd):
         sd = from_te_names(sd)
     V = hf.vocab_size
-    if pp_rank == 0:
+    if pp_rank == 0 and vp_stage == 0:
         yield "model.embed_tokens.weight", _gather_tp(sd["embedding.word_embeddings.weight"], 0)[:V]
-    for local, i in enumerate(stage_layers(hf.num_hidden_layers, pp, pp_rank)):
+    for local, i in enumerate(stage_layers(hf.num_hidden_layers, pp, pp_rank, vpp, vp_stage)):
         h, m = f"model.layers.{i}.", f"decoder.layers.{local}."
         yield h + "input_layernorm.weight", sd[m + "input_layernorm.weight"].detach().clone()
         qkv = _gather_tp(sd[m + "self_attention.linear_qkv.weight"].reshape(-1, (d.g + 2) * d.D, d.H), 0)
@@ -286,7 +300,7 @@ def export_hf_weights(model: Any, hf: Any) -> Iterator[tuple[str, torch.Tensor]]
         yield h + "mlp.gate_proj.weight", _gather_tp(gate.contiguous(), 0)
         yield h + "mlp.up_proj.weight", _gather_tp(up.contiguous(), 0)
         yield h + "mlp.down_proj.weight", _gather_tp(sd[m + "mlp.linear_fc2.weight"], 1)
-    if pp_rank == pp - 1:
+    if pp_rank == pp - 1 and vp_stage == vpp - 1:
         yield "model.norm.weight", sd["decoder.final_layernorm.weight"].detach().clone()
         if not tied:
             yield "lm_head.weight", _gather_tp(sd["output_layer.weight"], 0)[:V]

@@ -99,17 +99,19 @@ def plan_records(cfg: TrainConfig, vocab: int, dp: int):
     )
 
 
-def _stage_export(hf_config: Any, pp: int) -> dict[int, list]:
+def _stage_export(hf_config: Any, pp: int, vpp: int = 1) -> dict[int, list]:
     """What each stage's first rank sends rank 0 in the push: its HF tensors' names, dtypes and
-    shapes (decoder layers by index, the final norm and an untied output layer on the last stage;
-    the vision tower and the embedding stay on the first, which is rank 0's own)."""
+    shapes (decoder layers by index, over its virtual stages; the final norm and an untied output
+    layer on the last stage; the vision tower and the embedding stay on the first, which is rank
+    0's own)."""
     import re
 
     from agent_r1.learner import dry_run
     from megatron_bridge.weights import stage_layers
 
     text = hf_config.get_text_config()
-    layers_of = [stage_layers(text.num_hidden_layers, pp, p) for p in range(pp)]
+    n = text.num_hidden_layers
+    layers_of = [{i for v in range(vpp) for i in stage_layers(n, pp, p, vpp, v)} for p in range(pp)]
     out: dict[int, list] = {p: [] for p in range(pp)}
     seen = set()
     for n, t in dry_run.hf_state(hf_config).items():
@@ -155,7 +157,7 @@ def measure_update(learner: Any, cfg: TrainConfig, vocab: int, memory: Any, out:
     """Weights, gradient buffers, optimizer state and the update's activation peak of ``learner``
     (built under ``memory``, a ``MemoryTracker``) over one update on the preset's records."""
     models = [m for m in (learner.actor, learner.critic, learner.ref) if m is not None]
-    out.weights = sum(_param_bytes(m.module) for m in models)
+    out.weights = sum(_param_bytes(module) for m in models for module in m.modules)
     out.grads = sum(_grad_buffer_bytes(m) for m in models)
     table = plan_records(cfg, vocab, cfg.parallel.dp)
     memory.reset_peak()
@@ -164,6 +166,16 @@ def measure_update(learner: Any, cfg: TrainConfig, vocab: int, memory: Any, out:
     persistent = memory.live
     out.optimizer = persistent - out.weights - out.grads
     out.activations = memory.peak - persistent
+
+
+def schedule_limit(pp: int, vpp: int) -> int:
+    """How many of an update's largest micro-batches a dry run's schedule needs to reach its
+    steady state: 1F1B holds at most pp at once (pp + 1); the interleaved schedule's first rank
+    warms up with 2 (pp - 1) + (vpp - 1) pp of them, and runs them in groups of pp."""
+    if vpp == 1:
+        return pp + 1
+    warm = 2 * (pp - 1) + (vpp - 1) * pp + 1
+    return -(-warm // pp) * pp
 
 
 def plan_stage(
@@ -187,10 +199,10 @@ def plan_stage(
         backend=p.backend,
         pad_to=pad_multiple(cfg.optim, "default", p.tp if p.sp else 1),
         fused_kernels=fused_kernels,
-        schedule_limit=None if every_microbatch else p.pp + 1,
+        schedule_limit=None if every_microbatch else schedule_limit(p.pp, p.vpp),
     )
     with run:
-        exports = _stage_export(hf_config, p.pp)
+        exports = _stage_export(hf_config, p.pp, p.vpp)
         run.peer_export = lambda src: exports[src // (p.tp * p.dp)]
         p.initialize()
         from agent_r1.train.learner import Learner
@@ -214,7 +226,8 @@ def plan_stage(
         if fp8:
             out.fp8_weights = FP8_WEIGHT_BYTES * sum(
                 int(np.prod(t.shape))
-                for n, t in learner.actor.module.named_parameters()
+                for module in learner.actor.modules
+                for n, t in module.named_parameters()
                 if t.dim() == 2 and "embedding" not in n and "output_layer" not in n
             )
         ps.destroy_model_parallel()
@@ -234,7 +247,7 @@ def _param_bytes(module: Any) -> int:
 def _grad_buffer_bytes(model: Any) -> int:
     if not getattr(model, "trainable", False):
         return 0
-    bufs = [*model.model.buffers, *model.model.expert_parallel_buffers]
+    bufs = [b for chunk in model.chunks for b in (*chunk.buffers, *chunk.expert_parallel_buffers)]
     return sum(b.grad_data.numel() * b.grad_data.element_size() for b in bufs)
 
 
@@ -332,7 +345,8 @@ class Plan:
                 f"rollout, per SGLang server (TP {r.tp}): weights {r.weights_per_gpu / GiB:.2f} GiB per GPU, "
                 f"KV cache {r.kv_tokens:,} tokens ({r.kv_bytes_per_token} B per token per GPU), "
                 f"an episode up to {r.episode_tokens:,} tokens: {r.episodes_per_server:,} at full length "
-                f"at once; one push moves {r.push_bytes / GiB:.2f} GiB to each server",
+                f"at once; one push moves {r.push_bytes / GiB:.2f} GiB to each server (staged in "
+                "learner rank 0's host memory, one tensor at a time through its GPU)",
             ]
         lines += [
             "",

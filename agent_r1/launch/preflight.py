@@ -79,10 +79,12 @@ def model_problems(cfg: TrainConfig, local: bool = True) -> list[str]:
             out.append(f"{key}: {hpath} has no config.json (not a HuggingFace model folder)")
     dims = model_dims(cfg)
     if dims:
-        if par.pp > 1 and dims["layers"] % par.pp:
+        stages = par.pp * par.vpp
+        if stages > 1 and dims["layers"] % stages:
             out.append(
-                f"parallel.pp={par.pp}: the model's {dims['layers']} layers do not split evenly into "
-                f"{par.pp} pipeline stages"
+                f"parallel.pp={par.pp}"
+                + (f" x parallel.vpp={par.vpp}" if par.vpp > 1 else "")
+                + f": the model's {dims['layers']} layers do not split evenly into {stages} pipeline stages"
             )
         for key, what in (
             ("heads", "attention heads"),

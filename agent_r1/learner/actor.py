@@ -83,7 +83,7 @@ class Actor:
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
         from transformers import AutoConfig
 
-        from megatron_bridge import build_gpt_model, language_config, load_hf_weights
+        from megatron_bridge import build_gpt_chunks, language_config, load_hf_weights
 
         self.hf_dir, self.bridge, self.optim_cfg = Path(hf_dir), bridge, optim
         # the T of the rollout's logprobs (rollout.sampling.logprob_temperature; packed_logprobs
@@ -95,33 +95,41 @@ class Actor:
         model_parallel_cuda_manual_seed(seed)
         state = read_hf_state(self.hf_dir, self.hf_config)
         self._adapt_hf(state)
-        module = build_gpt_model(self.hf_config, bridge)
-        load_hf_weights(module, state, self.hf_config)
-        self._adapt_model(module)
+        # this rank's pipeline stage: one model chunk, or with virtual pipeline stages one per
+        # stage (sharing one TransformerConfig, which the schedule reads from the first)
+        modules = build_gpt_chunks(self.hf_config, bridge)
+        for module in modules:
+            load_hf_weights(module, state, self.hf_config)
+            self._adapt_model(module)
         self.lm_config = language_config(self.hf_config)
         if is_vision_config(self.hf_config):
-            self._attach_vision(module, state)
-        module.to(self.device)
-        cfg = module.config
+            self._attach_vision(modules, state)
+        for module in modules:
+            module.to(self.device)
+        cfg = modules[0].config
         self.trainable = trainable
         self.router_stats = None
         if cfg.num_moe_experts and trainable:
             from agent_r1.learner.moe_stats import RouterStats
 
-            self.router_stats = RouterStats(module)
+            self.router_stats = RouterStats(modules)
         if not trainable:  # a frozen reference policy: no DDP, no optimizer
-            for p in module.parameters():
-                p.requires_grad_(False)
-            self.model, self.optimizer, self.scheduler, self.steps = module, None, None, 0
+            for module in modules:
+                module.requires_grad_(False)
+            self.chunks, self.optimizer, self.scheduler, self.steps = modules, None, None, 0
             return
         ddp = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, use_distributed_optimizer=optim.distributed_optimizer
         )
-        self.model = DistributedDataParallel(cfg, ddp, module)
-        _skip_single_rank_sync(self.model)
+        self.chunks = [DistributedDataParallel(cfg, ddp, module) for module in modules]
+        for chunk in self.chunks:
+            _skip_single_rank_sync(chunk)
         cfg.finalize_model_grads_func = finalize_model_grads
-        cfg.no_sync_func = self.model.no_sync
-        cfg.grad_sync_func = self.model.start_grad_sync
+        one = len(self.chunks) == 1  # the interleaved schedule takes one function per chunk
+        cfg.no_sync_func = self.chunks[0].no_sync if one else [c.no_sync for c in self.chunks]
+        cfg.grad_sync_func = (
+            self.chunks[0].start_grad_sync if one else [c.start_grad_sync for c in self.chunks]
+        )
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(
                 optimizer="adam",
@@ -135,26 +143,27 @@ class Actor:
                 params_dtype=cfg.params_dtype,
                 bf16=cfg.bf16,
             ),
-            [self.model],
+            self.chunks,
         )
         use_fused_adam(self.optimizer)
         self.scheduler = self.make_scheduler(optim)
         self.steps = 0
 
-    def _attach_vision(self, module: Any, state: dict[str, torch.Tensor]) -> None:
+    def _attach_vision(self, modules: list[Any], state: dict[str, torch.Tensor]) -> None:
         """A vision-language model: multimodal rotary positions on every stage, and on the first
         stage the vision tower as the submodule ``vision_encoder`` (so DDP, the optimizer when it
         trains, and checkpoints see it; frozen by default)."""
-        from megatron.core import parallel_state as ps
-
         from agent_r1.learner.policy import install_packed_rotary
         from agent_r1.learner.vision import VisionEncoder
 
         lm = self.lm_config
         head_dim = getattr(lm, "head_dim", None) or lm.hidden_size // lm.num_attention_heads
-        install_packed_rotary(module, mrope_sections(self.hf_config, head_dim)[: head_dim // 2])
-        if ps.is_pipeline_first_stage():
-            module.vision_encoder = VisionEncoder(self.hf_config, str(self.hf_dir), state, self.train_vision)
+        for module in modules:
+            install_packed_rotary(module, mrope_sections(self.hf_config, head_dim)[: head_dim // 2])
+            if module.pre_process:
+                module.vision_encoder = VisionEncoder(
+                    self.hf_config, str(self.hf_dir), state, self.train_vision
+                )
 
     def _adapt_hf(self, state: dict[str, torch.Tensor]) -> None:
         """Hook before the model is built (the critic unties the output layer)."""
@@ -185,8 +194,19 @@ class Actor:
 
     # ---- helpers ------------------------------------------------------------------------------------
     @property
+    def modules(self) -> list[Any]:
+        """This rank's GPTModel chunks, unwrapped: its pipeline stage, or its virtual stages."""
+        return [c.module for c in self.chunks] if self.trainable else list(self.chunks)
+
+    @property
     def module(self) -> Any:
-        return self.model.module if self.trainable else self.model
+        """This rank's GPTModel stage (one chunk; with virtual pipeline stages use ``modules``)."""
+        (module,) = self.modules
+        return module
+
+    def _each(self, method: str) -> None:
+        for chunk in self.chunks:
+            getattr(chunk, method)()
 
     def _rows(self, mb: Packed) -> torch.Tensor:
         """The stream positions whose output the loss reads: the logits before each action token."""
@@ -196,26 +216,26 @@ class Actor:
         """Megatron's forward-backward schedule over the micro-batches; ``loss_fn(mb, output)``
         runs on the last pipeline stage with the output at ``self._rows(mb)`` ((rows, V/tp)
         logits, (rows, 1) values), or at every position without ``select_rows``."""
-        from megatron.core import parallel_state as ps
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         from agent_r1.learner import dry_run
 
         micro = dry_run.schedule(micro)  # every one, except in agent-r1 plan's dry run
-        data = iter(micro)
-        last = ps.is_pipeline_last_stage()
+        # the interleaved schedule (virtual stages) walks the micro-batches once per chunk
+        data = [iter(micro) for _ in self.chunks] if len(self.chunks) > 1 else iter(micro)
+        last = {id(c): m.post_process for c, m in zip(self.chunks, self.modules, strict=True)}
 
         def step(data_iterator, model):
             mb = next(data_iterator)
             out = packed_forward(model, mb, self._rows(mb) if select_rows else None)
-            if last:
+            if last[id(model)]:
                 out = out.unsqueeze(0)
             return out, lambda output: loss_fn(mb, output.squeeze(0))
 
         get_forward_backward_func()(
             forward_step_func=step,
             data_iterator=data,
-            model=[self.model],
+            model=self.chunks,
             num_microbatches=len(micro),
             seq_length=max(mb.num_tokens for mb in micro),
             micro_batch_size=1,
@@ -224,8 +244,8 @@ class Actor:
 
     def _update(self, micro: list[Packed], loss_fn, select_rows: bool = True) -> dict[str, float]:
         """Forward/backward over all micro-batches, one optimizer and LR step; grad norm and lr."""
-        self.model.train()
-        self.model.zero_grad_buffer()
+        self._each("train")
+        self._each("zero_grad_buffer")
         self.optimizer.zero_grad()
         self._run(micro, loss_fn, forward_only=False, select_rows=select_rows)
         ok, grad_norm, _ = self.optimizer.step()
@@ -265,7 +285,7 @@ class Actor:
             out[mb.act_index] = lp
             return lp.sum() * 0.0, {}
 
-        self.model.eval()
+        self._each("eval")
         if micro:
             self._run(micro, loss_fn, forward_only=True)
         return out if ps.is_pipeline_last_stage() else None
@@ -337,10 +357,11 @@ class Actor:
         trained vision tower's too (a frozen one never changes: the servers keep theirs)."""
         from megatron_bridge import export_hf_weights
 
-        yield from export_hf_weights(self.module, self.hf_config)
-        vision = getattr(self.module, "vision_encoder", None)
-        if vision is not None and vision.trainable:
-            yield from vision.export_hf()
+        for module in self.modules:
+            yield from export_hf_weights(module, self.hf_config)
+            vision = getattr(module, "vision_encoder", None)
+            if vision is not None and vision.trainable:
+                yield from vision.export_hf()
 
     # ---- checkpoints --------------------------------------------------------------------------------------
     def save(
@@ -369,7 +390,7 @@ class Actor:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         dist.barrier()
-        model_sd = self.module.sharded_state_dict()
+        model_sd = self._sharded_state_dict()
         state = {"model": model_sd}
         # an optimizer that never stepped (a critic after the warm start) has no state to save
         with_optimizer = with_optimizer and self.optimizer is not None and self.steps > 0
@@ -387,6 +408,7 @@ class Actor:
                 "tp": self.bridge.tp,
                 "pp": self.bridge.pp,
                 "ep": self.bridge.ep,
+                "vpp": self.bridge.vpp,
                 "trainer": trainer_state or {},
             }
             (tmp / "agent_r1_state.json").write_text(json.dumps(meta, indent=1))
@@ -395,6 +417,21 @@ class Actor:
                 shutil.rmtree(path)
             os.replace(tmp, path)
         dist.barrier()
+
+    def _sharded_state_dict(self) -> dict[str, Any]:
+        """The model's dist_checkpointing state dict: one chunk's, or with virtual pipeline stages
+        ``chunkN`` per stage (the tensors' checkpoint keys hold global layer numbers, so a
+        checkpoint reshards across pipeline and virtual-stage layouts alike)."""
+        sds = [module.sharded_state_dict() for module in self.modules]
+        return sds[0] if len(sds) == 1 else {f"chunk{i}": sd for i, sd in enumerate(sds)}
+
+    def _load_state_dict(self, loaded: dict[str, Any]) -> None:
+        modules = self.modules
+        if len(modules) == 1:
+            modules[0].load_state_dict(loaded)
+            return
+        for i, module in enumerate(modules):
+            module.load_state_dict(loaded[f"chunk{i}"])
 
     def _init_optimizer_state(self) -> None:
         """A never-stepped torch Adam has no state; the checkpoint format expects moments and a
@@ -424,14 +461,14 @@ class Actor:
         if box[0]:
             raise CheckpointError(box[0])
         meta = json.loads((path / "agent_r1_state.json").read_text())
-        layout = (meta["tp"], meta["pp"], meta.get("ep", 1))
-        same_layout = layout == (self.bridge.tp, self.bridge.pp, self.bridge.ep)
+        layout = (meta["tp"], meta["pp"], meta.get("ep", 1), meta.get("vpp", 1))
+        same_layout = layout == (self.bridge.tp, self.bridge.pp, self.bridge.ep, self.bridge.vpp)
         want_opt = (
             meta["with_optimizer"]
             and self.optimizer is not None
             and (same_layout if with_optimizer is None else with_optimizer)
         )
-        model_sd = self.module.sharded_state_dict()
+        model_sd = self._sharded_state_dict()
         state = {"model": model_sd}
         if want_opt:
             self._init_optimizer_state()
@@ -439,9 +476,10 @@ class Actor:
                 model_sd, is_loading=True, metadata={"distrib_optim_sharding_type": "dp_reshardable"}
             )
         loaded = dist_checkpointing.load(state, str(path))
-        self.module.load_state_dict(loaded["model"])
+        self._load_state_dict(loaded["model"])
         bad = [None] * dist.get_world_size()
-        dist.all_gather_object(bad, first_nonfinite(self.module.named_parameters()))
+        params = (p for module in self.modules for p in module.named_parameters())
+        dist.all_gather_object(bad, first_nonfinite(params))
         if any(bad):
             rank = next(r for r, b in enumerate(bad) if b)
             raise CheckpointError(

@@ -53,9 +53,7 @@ class Critic(Actor):
             state["lm_head.weight"] = state["model.embed_tokens.weight"]
 
     def _adapt_model(self, module: Any) -> None:
-        from megatron.core import parallel_state as ps
-
-        if ps.is_pipeline_last_stage():
+        if module.post_process:
             module.output_layer = ValueHead(module.config.hidden_size, module.config.params_dtype)
 
     def _rows(self, mb: Packed) -> torch.Tensor:
@@ -73,7 +71,7 @@ class Critic(Actor):
             out[mb.step_index] = v
             return v.sum() * 0.0, {}
 
-        self.model.eval()
+        self._each("eval")
         with torch.no_grad():
             self._run(micro, loss_fn, forward_only=True)
         return out if ps.is_pipeline_last_stage() else None

@@ -216,7 +216,7 @@ class DryRun:
     collectives: list[Collective] = field(default_factory=list)
     pushing: bool = False  # inside the weight push: whole-world gathers are refused
     memory: MemoryTracker | None = None
-    # what rank ``src``'s stage sends to rank 0 in the weight push: [(HF name, dtype, shape)]
+    # what rank ``src``'s stage streams to rank 0 in the weight push: [(HF name, dtype, shape)]
     peer_export: Any = None
     _lengths: tuple[list[int], list[int]] = field(default_factory=lambda: ([], []))
     _stack: contextlib.ExitStack | None = None
@@ -296,9 +296,16 @@ class DryRun:
         def send_object_list(objs, dst=None, group=None, device=None, group_dst=None):
             self._check("send_object_list", [], group)
 
+        streams: dict[int, Any] = {}
+
         def recv_object_list(objs, src=None, group=None, device=None, group_src=None):
+            """A later stage's push, one tensor's (name, dtype, shape) at a time, then None."""
             self._check("recv_object_list", [], group)
-            objs[0] = self.peer_export(src)
+            if src not in streams:
+                streams[src] = iter([*self.peer_export(src), None])
+            objs[0] = next(streams[src])
+            if objs[0] is None:
+                del streams[src]  # the next push streams the stage again
 
         orig.update({n: getattr(dist, n) for n in ("send_object_list", "recv_object_list")})
         for n, f in (

@@ -17,10 +17,11 @@ import torch.distributed as dist
 
 
 class RouterStats:
-    def __init__(self, module: Any):
+    def __init__(self, modules: list[Any]):
+        """``modules``: this rank's model chunks (one, or its virtual pipeline stages)."""
         from megatron.core.transformer.moe.router import TopKRouter
 
-        self.routers = [m for m in module.modules() if isinstance(m, TopKRouter)]
+        self.routers = [m for chunk in modules for m in chunk.modules() if isinstance(m, TopKRouter)]
         self.experts = self.routers[0].config.num_moe_experts if self.routers else 0
         self.counts: torch.Tensor | None = None  # (layers, experts), where the routing happens
         for i, router in enumerate(self.routers):

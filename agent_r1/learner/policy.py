@@ -374,7 +374,6 @@ def packed_forward(
     Images (``packed.images``): on the first stage ``vision`` (a ``VisionEncoder``) embeds them and
     its rows replace the pads' token embeddings (``decoder_input``); positions are then 3-row
     (mRoPE) and take the local spec's ``PackedRotary``."""
-    from megatron.core import parallel_state as ps
 
     out_rows = install_output_rows(model)  # also gathers a sequence-parallel stream's rows
     if out_rows is not None:
@@ -385,7 +384,7 @@ def packed_forward(
         if out_rows is not None:
             out_rows["rows"] = None
     # last stage: (1, rows, V/tp) -> (rows, V/tp); other stages: hidden states for the next stage
-    return out.squeeze(0) if ps.is_pipeline_last_stage() else out  # a view: indexing's backward copies
+    return out.squeeze(0) if _unwrap(model).post_process else out  # a view: indexing's backward copies
 
 
 def _image_input(model: Any, packed: Packed, vision: Any) -> torch.Tensor | None:

@@ -90,6 +90,9 @@ class ParallelConfig:
     # sequence parallel (with tp > 1): norms, dropout and the residual stream hold 1/tp of the
     # tokens each, gathered for the tensor-parallel matmuls; Megatron-Core needs it for MoE at tp > 1
     sp: bool = False
+    # virtual pipeline stages per pipeline rank (Megatron's interleaved schedule, pp > 1): each rank
+    # holds vpp non-adjacent slices of the layers, which shrinks the pipeline bubble vpp times
+    vpp: int = 1
     backend: str = "gloo"  # gloo (CPU) | nccl (GPU)
 
     def __post_init__(self) -> None:
@@ -109,6 +112,11 @@ class ParallelConfig:
             "parallel.sp",
             "sequence parallelism splits tokens over the tensor-parallel ranks: it needs parallel.tp > 1",
         )
+        _check(
+            self.vpp >= 1 and (self.vpp == 1 or self.pp > 1),
+            "parallel.vpp",
+            f"must be >= 1, and > 1 only with parallel.pp > 1 (virtual stages of a pipeline), got {self.vpp}",
+        )
         _check(self.backend in ("gloo", "nccl"), "parallel.backend", f"gloo or nccl, got {self.backend!r}")
 
     def initialize(self) -> None:
@@ -116,7 +124,11 @@ class ParallelConfig:
         from megatron.core import parallel_state as ps
 
         ps.initialize_model_parallel(
-            self.tp, self.pp, expert_model_parallel_size=self.ep, expert_tensor_parallel_size=1
+            self.tp,
+            self.pp,
+            virtual_pipeline_model_parallel_size=self.vpp if self.vpp > 1 else None,
+            expert_model_parallel_size=self.ep,
+            expert_tensor_parallel_size=1,
         )
 
     @property
@@ -517,6 +529,7 @@ def bridge_config(cfg: TrainConfig):
         pp=cfg.parallel.pp,
         ep=cfg.parallel.ep,
         sp=cfg.parallel.sp,
+        vpp=cfg.parallel.vpp,
         dtype=cfg.model.dtype,
         precision=cfg.model.precision,
         fp8_recipe=cfg.model.fp8_recipe,

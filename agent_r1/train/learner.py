@@ -132,15 +132,25 @@ class Learner:
     def micro(self, b: LearnerBatch, trajectories: np.ndarray | None = None, cache: bool = True):
         """The selection's micro-batches; with expert parallelism as many on every data-parallel
         rank (each forward of an MoE layer exchanges tokens with the other EP ranks: a rank with
-        fewer would leave them waiting), a collective then."""
+        fewer would leave them waiting), a collective then; with virtual pipeline stages a
+        multiple of pp of them (the interleaved schedule runs them in groups of pp)."""
         par = self.cfg.parallel
         pad_to = pad_multiple(self.cfg.optim, self.cfg.model.precision, par.tp if par.sp else 1)
         micro = b.micro_batches(trajectories, self.cfg.optim.micro_tokens, cache=cache, pad_to=pad_to)
-        if self.cfg.parallel.ep == 1:
-            return micro
-        count = int(all_reduce_scalar(len(micro), "max", group=self.dp_group, dtype=torch.int64))
+        count = len(micro)
+        if par.ep > 1:
+            count = int(all_reduce_scalar(count, "max", group=self.dp_group, dtype=torch.int64))
+        if par.vpp > 1:
+            count = -(-count // par.pp) * par.pp
         if count == len(micro):
             return micro
+        have = b.num_trajectories if trajectories is None else len(trajectories)
+        if count > have:
+            raise ValueError(
+                f"parallel.vpp={par.vpp}: the interleaved schedule needs micro-batches in groups of "
+                f"parallel.pp={par.pp}, and this learner rank has {have} trajectories for {count}: "
+                "raise rollout.batch_size (or lower algorithm.mini_batches)"
+            )
         return b.micro_batches(
             trajectories, self.cfg.optim.micro_tokens, cache=cache, pad_to=pad_to, count=count
         )
@@ -301,34 +311,44 @@ class Learner:
 
     # ---- weights ---------------------------------------------------------------------------------
     def gather_hf_weights(self) -> dict[str, torch.Tensor] | None:
-        """Full HF-named weights on global rank 0; None elsewhere. Pipeline stages travel stage by
-        stage, point to point: the first rank (DP 0, TP 0) of each later stage sends its layers'
-        tensors to rank 0 (names, dtypes and shapes first), so rank 0 holds one model's weights at
-        most, never a whole-world gather of every rank's stage."""
+        """Full HF-named weights on global rank 0, in host memory; None elsewhere. Every tensor
+        leaves the GPU as soon as it is made: rank 0's own stage's as its export gathers them (over
+        TP, the experts over EP); each later stage's first rank (DP 0, TP 0) streams its tensors to
+        rank 0 one at a time, point to point (name, dtype and shape, then the data; a None ends the
+        stage). A GPU thus holds one gathered tensor of the push at a time, never a stage's or the
+        model's whole HF copy (61 GB for Qwen3-30B-A3B, 470 GB for Qwen3-235B-A22B), and rank 0's
+        host memory holds the one model the publisher sends bucket by bucket (and keeps for a
+        late server). Every other rank drives its export's collectives."""
         ps = self.ps
-        named = dict(self.actor.export_hf())
-        if ps.get_pipeline_model_parallel_world_size() == 1:
-            return named if dist.get_rank() == 0 else None
-        if ps.get_data_parallel_rank() != 0 or ps.get_tensor_model_parallel_rank() != 0:
-            return None  # a replica or TP peer of a stage's first rank: it sends nothing
-        stages = dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())
-        if dist.get_rank() != 0:
-            if dist.get_rank() in stages and 0 in stages:  # this stage's first rank: send to rank 0
-                meta = [[(n, t.dtype, tuple(t.shape)) for n, t in named.items()]]
-                dist.send_object_list(meta, dst=0)
-                for t in named.values():
-                    dist.send(t.detach().contiguous(), dst=0)
-            return None
-        device = next(iter(named.values())).device
-        out = dict(named)
-        for src in stages[1:]:
-            meta: list[Any] = [None]
-            dist.recv_object_list(meta, src=src)
-            for n, dtype, shape in meta[0]:
-                buf = torch.empty(shape, dtype=dtype, device=device)
-                dist.recv(buf, src=src)
-                out[n] = buf
-        return out
+        export = self.actor.export_hf()
+        rank = dist.get_rank()
+        if rank == 0:
+            out = {n: _to_host(t) for n, t in export}
+            stages = dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())
+            for src in stages[1:]:
+                while True:
+                    meta: list[Any] = [None]
+                    dist.recv_object_list(meta, src=src)
+                    if meta[0] is None:
+                        break
+                    name, dtype, shape = meta[0]
+                    buf = torch.empty(shape, dtype=dtype, device=self.device)
+                    dist.recv(buf, src=src)
+                    out[name] = _to_host(buf)
+            return out
+        sends = (
+            ps.get_pipeline_model_parallel_world_size() > 1
+            and ps.get_data_parallel_rank() == 0
+            and ps.get_tensor_model_parallel_rank() == 0
+            and 0 in dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())
+        )
+        for name, t in export:
+            if sends:
+                dist.send_object_list([(name, t.dtype, tuple(t.shape))], dst=0)
+                dist.send(t.detach().contiguous(), dst=0)
+        if sends:
+            dist.send_object_list([None], dst=0)
+        return None
 
     def reward_scaling_state(self) -> dict[str, float] | None:
         """The reward scaler's running moments (kept by the last pipeline stage), on every rank."""
@@ -353,6 +373,17 @@ class Learner:
             self.critic.load(critic)
             log.info("critic resumed from %s (%d optimizer steps)", critic, self.critic.steps)
         return state
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """A pushed tensor in host memory (in a dry run: the planned one, no longer counted)."""
+    from agent_r1.learner import dry_run
+
+    run = dry_run.active()
+    if run is not None:
+        run.memory.untrack([t])
+        return t
+    return t.detach().cpu()
 
 
 def _rollout_metrics(b: LearnerBatch, old: torch.Tensor, version: int) -> dict[str, float]:

@@ -205,7 +205,8 @@ class Trainer:
                     f"weight {bad} of policy version {self.state['version']} is not finite: not pushed "
                     f"(the last good weights are in {self.rd.checkpoints}; lower optim.lr or check the data)"
                 )
-            seconds = self.coord.publisher.push(named, self.state["version"])
+            on_gpu = self.learner.device.type == "cuda"  # the weights wait in host memory
+            seconds = self.coord.publisher.push(named, self.state["version"], on_gpu=on_gpu)
         dist.barrier()
         return seconds
 

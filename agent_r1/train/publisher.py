@@ -68,14 +68,17 @@ class WeightPublisher:
         answers = self.loop.run_until_complete(probe(urls, "/health", api_key=self.api_key))
         return [u for u, a in zip(urls, answers, strict=True) if not isinstance(a, BaseException)]
 
-    def push(self, named: dict[str, Any], version: int) -> float:
+    def push(self, named: dict[str, Any], version: int, on_gpu: bool | None = None) -> float:
         """Send the policy to every live server; a failed push is retried once with the servers
-        that are still alive (a dead server drops out, a replaced one joins)."""
+        that are still alive (a dead server drops out, a replaced one joins). ``on_gpu``: the
+        learner trains on GPUs (its weights wait in host memory; each bucket goes to the GPU and
+        out over NCCL); None: wherever the tensors are."""
 
         t0 = time.perf_counter()
         self.pushed = (version, named)
-        # the update group broadcasts from where the weights are: NCCL from the GPU, gloo from the host
-        self.backend = group_backend(any(t.is_cuda for t in named.values()))
+        # NCCL from a GPU learner (bucket by bucket through its GPU), gloo from a CPU one
+        on_gpu = any(t.is_cuda for t in named.values()) if on_gpu is None else on_gpu
+        self.backend = group_backend(on_gpu)
         for attempt in range(2):
             servers = self._wait_servers()
             try:

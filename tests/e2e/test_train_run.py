@@ -173,21 +173,25 @@ def test_ctrl_c_during_the_warm_start(tiny_model_dir, tmp_path):
     assert not list((run / "checkpoints").glob("iter_*"))
 
 
-def test_ppo_with_critic_and_reference_kl_over_two_stages_evaluated_and_resumed(tiny_model_dir, tmp_path):
-    """Policy, critic and reference split over two pipeline stages (values, returns and the value
-    loss live on the last stage only); the PP2 checkpoint, resharded on export, evaluates to the
-    trainer's own held-out episodes; resumed with the critic."""
+def test_ppo_with_critic_and_reference_kl_over_interleaved_stages_evaluated_and_resumed(tmp_path):
+    """Policy, critic and reference split over two pipeline ranks of two virtual stages each (a
+    4-layer model, the interleaved schedule; values, returns and the value loss live on the last
+    stage only); the checkpoint, resharded on export, evaluates to the trainer's own held-out
+    episodes; resumed with the critic."""
     run = tmp_path / "ppo"
     args = reduced(
-        tiny_model_dir,
+        tmp_path / "m4",
         run,
+        "model.build.layers=4",
         "algorithm=ppo",
         "algorithm.reference=true",
         "algorithm.policy.kl_coef=0.05",
         "algorithm.mini_batches=2",
         "parallel.learner_ranks=2",
         "parallel.pp=2",
+        "parallel.vpp=2",
         "recipe.test_size=8",
+        build=True,
     )
     r = train(args)
     check_finished(r, run, 2)
@@ -195,8 +199,10 @@ def test_ppo_with_critic_and_reference_kl_over_two_stages_evaluated_and_resumed(
     for tag in ("critic/value_loss", "loss/kl", "adv/mean"):
         assert tag in scalars and all(math.isfinite(v) for _, v in scalars[tag]), tag
     assert all(v == 2.0 for _, v in scalars["train/optimizer_steps"])  # two mini-batches
-    # the critic is checkpointed beside the policy
-    assert (run / "checkpoints" / "iter_000001.critic" / "agent_r1_state.json").exists()
+    # the critic is checkpointed beside the policy, both in their two chunks per rank
+    for name in ("iter_000001", "iter_000001.critic"):
+        meta = json.loads((run / "checkpoints" / name / "agent_r1_state.json").read_text())
+        assert (meta["pp"], meta["vpp"]) == (2, 2), meta
     check_eval_reproduces(run, tmp_path / "eval", 8)
     # and resumed with it: one more iteration on top of the checkpoint, policy and critic loaded
     r = train([*args, "trainer.iterations=3"])

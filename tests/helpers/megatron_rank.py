@@ -157,6 +157,44 @@ def forward_logprobs(model, packed, vocab_size: int, vision=None, chunk: int = 2
     return got.get("lp")
 
 
+def schedule_logprobs(chunks, micro, vocab_size: int, num_tokens: int):
+    """The micro-batches' action-token logprobs, flat at their ``act_index``, through Megatron's
+    forward-only schedule over this rank's model ``chunks`` (virtual pipeline stages: the
+    interleaved schedule); None off the last stage."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from agent_r1.learner.policy import packed_forward, packed_logprobs
+
+    out = torch.full((num_tokens,), float("nan"), dtype=torch.float64)
+
+    def step(it, model):
+        mb = next(it)
+        logits = packed_forward(model, mb, mb.label_pos - 1)
+        logits = logits.unsqueeze(0) if model.post_process else logits
+
+        def loss(output):
+            v0 = ps.get_tensor_model_parallel_rank() * output.shape[-1]
+            targets = mb.tokens[mb.label_pos]
+            lp, _ = packed_logprobs(output[0], targets, ps.get_tensor_model_parallel_group(), v0, vocab_size)
+            out[mb.act_index] = lp.double()
+            return lp.sum() * 0.0, {}
+
+        return logits, loss
+
+    with torch.no_grad():
+        get_forward_backward_func()(
+            forward_step_func=step,
+            data_iterator=[iter(micro) for _ in chunks] if len(chunks) > 1 else iter(micro),
+            model=chunks,
+            num_microbatches=len(micro),
+            seq_length=max(mb.num_tokens for mb in micro),
+            micro_batch_size=1,
+            forward_only=True,
+        )
+    return out if ps.is_pipeline_last_stage() else None
+
+
 def max_diff_over_ranks(lp, ref, world: int) -> float:
     """max |lp - ref| where the last stage has ``lp`` (None elsewhere), the same on every rank."""
     diff = None if lp is None else float((lp.double() - ref).abs().max())

@@ -34,6 +34,10 @@ def _train(*args: str) -> tuple[subprocess.CompletedProcess, float]:
         (["parallel.pp=2", "parallel.learner_ranks=2", "model.max_len=2048"], None),  # possible: no problem
         (["parallel.pp=4", "parallel.learner_ranks=4"], "parallel.pp=4: the model's 2 layers"),
         (
+            ["parallel.pp=2", "parallel.vpp=2", "parallel.learner_ranks=2"],
+            "parallel.pp=2 x parallel.vpp=2: the model's 2 layers do not split evenly into 4 pipeline stages",
+        ),
+        (
             ["parallel.tp=3", "parallel.learner_ranks=3"],
             "parallel.tp=3 does not divide the model's 4 attention heads",
         ),

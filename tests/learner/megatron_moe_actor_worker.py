@@ -1,13 +1,22 @@
 """One rank of the MoE learner checks: PPO steps on a fixed batch with the experts spread over two
 ranks (EP 2, DP 2) reduce the loss; the checkpoint (Megatron's dist_checkpointing) resumes at
-EP 2, with every expert on each rank (EP 1), at TP 2 with sequence parallelism and over two
-pipeline stages with the same next loss; a step from it at EP 1 (DP 2) and at TP 2 with sequence
-parallelism has the same gradient norm (the norms' and router's gradients, which each TP rank
-holds for its half of the tokens, summed by Megatron's finalize_model_grads)."""
+EP 2, with every expert on each rank (EP 1), at TP 2 with sequence parallelism, over two pipeline
+stages and over two ranks of two virtual stages each with the same next loss; a step from it at
+EP 1 (DP 2), at TP 2 with sequence parallelism (the norms' and router's gradients, which each TP
+rank holds for its half of the tokens, summed by Megatron's finalize_model_grads) and through the
+interleaved schedule has the same gradient norm."""
 
 from megatron_rank import batch_loss, finish, init_rank, ppo_setup, rank_argv
 
-LAYOUTS = {"ep2": (1, 1, 2), "ep1": (1, 1, 1), "tp2sp": (2, 1, 2), "pp2": (1, 2, 1)}  # tp, pp, ep
+# tp, pp, ep, vpp
+LAYOUTS = {
+    "ep2": (1, 1, 2, 1),
+    "ep1": (1, 1, 1, 1),
+    "tp2sp": (2, 1, 2, 1),
+    "pp2": (1, 2, 1, 1),
+    "pp2vpp2": (1, 2, 1, 2),
+}
+STEPPED = ("ep1", "tp2sp", "pp2vpp2")  # one step each from the checkpoint, on the same micro-batches
 
 
 def main() -> None:
@@ -21,8 +30,14 @@ def main() -> None:
 
     batch, micro, adv, optim = ppo_setup(model_dir)
 
-    def init(tp: int, pp: int, ep: int) -> None:
-        ps.initialize_model_parallel(tp, pp, expert_model_parallel_size=ep, expert_tensor_parallel_size=1)
+    def init(tp: int, pp: int, ep: int, vpp: int = 1) -> None:
+        ps.initialize_model_parallel(
+            tp,
+            pp,
+            virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+            expert_model_parallel_size=ep,
+            expert_tensor_parallel_size=1,
+        )
 
     init(1, 1, 2)
     actor = Actor(model_dir, BridgeConfig(ep=2), optim)
@@ -42,14 +57,16 @@ def main() -> None:
     actor.save(ckpt, {})
     results["saved"] = loss(actor)
     ps.destroy_model_parallel()
-    halves = batch.micro_batches(None, 40, pad_to=2)  # sequence parallel: streams split in two
-    for layout, (tp, pp, ep) in LAYOUTS.items():
-        init(tp, pp, ep)
-        a = Actor(model_dir, BridgeConfig(tp=tp, pp=pp, ep=ep, sp=tp > 1), optim)
+    # streams in halves (sequence parallel), an even number of them (virtual stages: groups of
+    # pp); the stepped layouts share them (padding passes the router too)
+    even = batch.micro_batches(None, 40, pad_to=2, count=-(-len(micro) // 2) * 2)
+    for layout, (tp, pp, ep, vpp) in LAYOUTS.items():
+        init(tp, pp, ep, vpp)
+        a = Actor(model_dir, BridgeConfig(tp=tp, pp=pp, ep=ep, sp=tp > 1, vpp=vpp), optim)
         a.load(ckpt)
-        mb = halves if layout in ("ep1", "tp2sp") else micro  # padded alike: pads pass the router too
+        mb = even if layout in STEPPED else micro
         results[f"resumed_{layout}"] = batch_loss(a, batch, mb, targets)
-        if layout in ("ep1", "tp2sp"):
+        if layout in STEPPED:
             # on-policy (ratio 1): no token sits at a clip boundary that float noise could cross
             metrics, _ = a.train_step(mb, PolicyTargets(adv), "ppo")
             results[f"grad_norm_{layout}"] = metrics["grad_norm"]

@@ -1,7 +1,8 @@
 """One rank of the Qwen3-MoE bridge checks: packed logprobs through Megatron-Core's MoE layer
 (top-k router, SequentialMLP experts, the alltoall dispatcher) at TP1, EP2, TP2 with sequence
 parallelism (which Megatron-Core requires for MoE at TP > 1) and PP2 equal per-step
-recomputation with the HF model; the export gives back every HF tensor by name."""
+recomputation with the HF model, and over two pipeline ranks of two virtual stages each (the
+interleaved schedule, two micro-batches); the export gives back every HF tensor by name."""
 
 import torch
 import torch.distributed as dist
@@ -12,10 +13,18 @@ from megatron_rank import (
     max_diff_over_ranks,
     per_step_logprobs,
     rank_argv,
+    schedule_logprobs,
     synth_batch,
 )
 
-LAYOUTS = {"1x1": (1, 1, 1), "ep2": (1, 1, 2), "tp2sp": (2, 1, 2), "pp2": (1, 2, 1)}  # tp, pp, ep
+# tp, pp, ep, vpp
+LAYOUTS = {
+    "1x1": (1, 1, 1, 1),
+    "ep2": (1, 1, 2, 1),
+    "tp2sp": (2, 1, 2, 1),
+    "pp2": (1, 2, 1, 1),
+    "pp2vpp2": (1, 2, 1, 2),
+}
 
 
 def hf_step_logprobs(hf, table) -> torch.Tensor:
@@ -94,30 +103,37 @@ def main() -> None:
     from transformers import AutoConfig
 
     from agent_r1.learner.cpu_compat import apply
-    from megatron_bridge import BridgeConfig, build_gpt_model, export_hf_weights, load_hf_weights
+    from megatron_bridge import BridgeConfig, build_gpt_chunks, export_hf_weights, load_hf_weights
 
     apply()
     cfg = AutoConfig.from_pretrained(model_dir)
     cfg.router_aux_loss_coef = 0.0
     state = load_file(f"{model_dir}/model.safetensors")
     results = {}
-    for layout, (tp, pp, ep) in LAYOUTS.items():
+    two = batch.micro_batches(None, 10**9, count=2)  # the interleaved schedule: groups of pp
+    for layout, (tp, pp, ep, vpp) in LAYOUTS.items():
         ps.initialize_model_parallel(
             tensor_model_parallel_size=tp,
             pipeline_model_parallel_size=pp,
+            virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
             expert_model_parallel_size=ep,
             expert_tensor_parallel_size=1,
         )
         model_parallel_cuda_manual_seed(0)
-        model = build_gpt_model(cfg, BridgeConfig(tp=tp, pp=pp, ep=ep, sp=tp > 1))
-        load_hf_weights(model, state, cfg)
+        chunks = build_gpt_chunks(cfg, BridgeConfig(tp=tp, pp=pp, ep=ep, sp=tp > 1, vpp=vpp))
+        for model in chunks:
+            load_hf_weights(model, state, cfg)
+        model = chunks[0]
         experts = [n for n, _ in model.named_parameters() if ".local_experts." in n and "layers.0." in n]
         results[f"{layout}_local_experts"] = len(experts) // 2
-        lp = forward_logprobs(model, packed, cfg.vocab_size, chunk=7)
+        if vpp == 1:
+            lp = forward_logprobs(model, packed, cfg.vocab_size, chunk=7)
+        else:
+            lp = schedule_logprobs(chunks, two, cfg.vocab_size, batch.num_action_tokens)
         results[layout] = max_diff_over_ranks(lp, ref, world)
         if pp == 1:
             results[f"{layout}_grad_diff"] = grad_diff(model, packed, cfg.vocab_size, w, ref_grads, world)
-        exported = dict(export_hf_weights(model, cfg))
+        exported = {k: v for m in chunks for k, v in export_hf_weights(m, cfg)}
         stage = [None] * world
         dist.all_gather_object(stage, {k: float((v - state[k]).abs().max()) for k, v in exported.items()})
         merged = {k: v for s in stage for k, v in s.items()}

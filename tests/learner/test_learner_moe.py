@@ -12,7 +12,8 @@ import pytest
 from spawn import spawn_ranks
 
 WORKER = Path(__file__).with_name("megatron_moe_worker.py")
-LAYOUTS = ["1x1", "ep2", "tp2sp", "pp2"]  # tp2sp: TP 2 with sequence parallelism, EP 2
+# tp2sp: TP 2 with sequence parallelism, EP 2; pp2vpp2: two virtual stages on each of two ranks
+LAYOUTS = ["1x1", "ep2", "tp2sp", "pp2", "pp2vpp2"]
 SPREAD = ("ep2", "tp2sp")  # the layouts whose experts spread over two ranks
 
 
@@ -23,8 +24,8 @@ def tiny_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from recipes import load_recipe
 
     out = tmp_path_factory.mktemp("tiny") / "qwen3_moe"
-    return build_tiny_model(
-        out, load_recipe("arithmetic_tool").corpus(num=200), arch="qwen3_moe", vocab_size=400
+    return build_tiny_model(  # four layers: two pipeline ranks of two virtual stages each
+        out, load_recipe("arithmetic_tool").corpus(num=200), arch="qwen3_moe", vocab_size=400, layers=4
     )
 
 
@@ -111,19 +112,22 @@ def test_ppo_steps_at_ep2_reduce_the_loss(moe_actor: dict) -> None:
     assert moe_actor["local_experts"] == 4 and losses[-1] < losses[0] - 0.05, losses
 
 
-@pytest.mark.parametrize("layout", ["ep2", "ep1", "tp2sp", "pp2"])
+@pytest.mark.parametrize("layout", ["ep2", "ep1", "tp2sp", "pp2", "pp2vpp2"])
 def test_an_ep2_checkpoint_resumes_at_another_layout(moe_actor: dict, layout: str) -> None:
     """Saved with the experts over two ranks; loaded there, with every expert on each rank, at
-    TP 2 with sequence parallelism and over two pipeline stages: the same loss on the same batch
-    (Megatron's dist_checkpointing reshards the experts and the tensor-parallel weights)."""
+    TP 2 with sequence parallelism, over two pipeline stages and over two ranks of two virtual
+    stages each: the same loss on the same batch (Megatron's dist_checkpointing reshards the
+    experts, the tensor-parallel weights and the layers over (virtual) stages)."""
     assert moe_actor[f"resumed_{layout}"] == pytest.approx(moe_actor["saved"], abs=1e-6)
 
 
-def test_a_sequence_parallel_step_has_the_data_parallel_gradient(moe_actor: dict) -> None:
-    """From the same checkpoint, the gradient of a PPO step at TP 2 with sequence parallelism has
-    the norm of the one at DP 2 (each DP rank with the whole batch): the gradients of the norms
-    and the router, each TP rank's for its half of the tokens, are summed over the TP group
-    before the step (counted once in the norm). (The losses after one Adam step are no check:
-    its first update is lr * sign(gradient), which turns float noise in a near-zero gradient
-    into a whole step.)"""
-    assert moe_actor["grad_norm_tp2sp"] == pytest.approx(moe_actor["grad_norm_ep1"], rel=1e-5)
+@pytest.mark.parametrize("layout", ["tp2sp", "pp2vpp2"])
+def test_a_step_at_another_layout_has_the_data_parallel_gradient(moe_actor: dict, layout: str) -> None:
+    """From the same checkpoint, the gradient of a PPO step at TP 2 with sequence parallelism and
+    through the interleaved schedule of two virtual stages per pipeline rank has the norm of the
+    one at DP 2 (each DP rank with the whole batch): with sequence parallelism the gradients of
+    the norms and the router, each TP rank's for its half of the tokens, are summed over the TP
+    group before the step (counted once in the norm). (The losses after one Adam step are no
+    check: its first update is lr * sign(gradient), which turns float noise in a near-zero
+    gradient into a whole step.)"""
+    assert moe_actor[f"grad_norm_{layout}"] == pytest.approx(moe_actor["grad_norm_ep1"], rel=1e-5)

@@ -63,6 +63,7 @@ def test_overrides_apply():
         ("parallel.learner_ranks=3 parallel.tp=2", "parallel.learner_ranks"),
         ("parallel.learner_ranks=4 parallel.ep=3", "parallel.ep: must divide the tp * dp = 4 ranks"),
         ("parallel.sp=true", "parallel.sp: sequence parallelism splits tokens over the tensor-parallel"),
+        ("parallel.vpp=2", "parallel.vpp: must be >= 1, and > 1 only with parallel.pp > 1"),
         ("algorithm=nope", "algorithm"),
         ("algorithm.estimator.gamma=0", "gamma"),
         ("episode.top_p=1.5", "episode.top_p"),
