@@ -159,6 +159,9 @@ def measure_update(learner: Any, cfg: TrainConfig, vocab: int, memory: Any, out:
     models = [m for m in (learner.actor, learner.critic, learner.ref) if m is not None]
     out.weights = sum(_param_bytes(module) for m in models for module in m.modules)
     out.grads = sum(_grad_buffer_bytes(m) for m in models)
+    for m in models:  # Adam's moments, as after a first step: the update's peak sits on top of them
+        if m.optimizer is not None:
+            m._init_optimizer_state()
     table = plan_records(cfg, vocab, cfg.parallel.dp)
     memory.reset_peak()
     learner.update(table, version=1, iteration=0)

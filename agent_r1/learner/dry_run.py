@@ -456,9 +456,11 @@ class DryRun:
             # variable lengths exchange each micro-batch's shape as data, which a fake group does
             # not carry: the k-th activation (gradient) received is micro-batch k's, as in the
             # schedule's order (Actor._run tells the dry run the micro-batches' lengths)
-            hidden = comm.config.hidden_size
-            prev = [self._lengths[0].pop(0), 1, hidden] if recv_prev else None
-            nxt = [self._lengths[1].pop(0), 1, hidden] if recv_next else None
+            cfg = comm.config
+            hidden = cfg.hidden_size
+            split = cfg.tensor_model_parallel_size if cfg.sequence_parallel else 1  # SP: 1/tp of the rows
+            prev = [self._lengths[0].pop(0) // split, 1, hidden] if recv_prev else None
+            nxt = [self._lengths[1].pop(0) // split, 1, hidden] if recv_next else None
             return prev, nxt
 
         self._stack.callback(setattr, P2PCommunicator, "_communicate_shapes", shapes)
@@ -546,8 +548,36 @@ def schedule(micro: list[Any]) -> list[Any]:
     if k is not None and len(micro) > k:
         keep = sorted(sorted(range(len(micro)), key=lambda i: -lengths[i])[:k])
         micro = [micro[i] for i in keep]
-    run._lengths = ([mb.num_tokens for mb in micro], [mb.num_tokens for mb in micro])
+    run._lengths = _receive_order([mb.num_tokens for mb in micro])
     return micro
+
+
+def _receive_order(lengths: list[int]) -> tuple[list[int], list[int]]:
+    """The lengths of the activations (gradients) this rank receives, in the order the schedule
+    receives them: micro-batch by micro-batch under 1F1B; under the interleaved schedule (virtual
+    stages) Megatron's order of virtual micro-batches (groups of pp micro-batches per chunk, the
+    chunks forward in order and backward in reverse), less the ones that come from no other rank
+    (the first chunk of the first rank's forward input, the last chunk of the last rank's
+    gradient)."""
+    from megatron.core import parallel_state as ps
+
+    vpp = ps.get_virtual_pipeline_model_parallel_world_size() or 1
+    if vpp == 1:
+        return list(lengths), list(lengths)
+    pp, rank = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
+    group = pp  # Megatron's microbatch_group_size_per_vp_stage
+
+    def chunk(k: int) -> int:
+        return (k // group) % vpp
+
+    def micro(k: int) -> int:
+        return (k // (group * vpp)) * group + k % group
+
+    total = len(lengths) * vpp
+    fwd = [lengths[micro(k)] for k in range(total) if not (rank == 0 and chunk(k) == 0)]
+    # backward runs the chunks in reverse: virtual micro-batch k's is chunk vpp - 1 - chunk(k)
+    bwd = [lengths[micro(k)] for k in range(total) if not (rank == pp - 1 and chunk(k) == 0)]
+    return fwd, bwd
 
 
 _HF_STATES: dict[str, dict[str, torch.Tensor]] = {}

@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PRESETS = sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*_4n8g.yaml"))
+PRESETS = sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*_[0-9]n8g.yaml"))
+MOE = {"a3b": 4, "a22b": 2}  # the mixture-of-experts presets (H200s) and their pipeline stages
+
+
+def _moe(preset: str) -> str | None:
+    return next((k for k in MOE if f"_{k}_" in preset), None)
+
+
 GiB = 1 << 30
 
 
@@ -42,12 +49,13 @@ def test_there_are_gpu_presets() -> None:
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_gpu_preset_fits_its_gpus(plans: dict[str, dict], preset: str) -> None:
-    """80 GB GPUs (H100, A100), except the mixture-of-experts preset's H200s (its push holds the
-    whole 57 GiB HF model on rank 0)."""
+    """80 GB GPUs (H100, A100), except the mixture-of-experts presets' H200s (their experts' fp32
+    gradients and Adam moments, and the dispatched tokens' activations)."""
     p = plans[preset]
     assert p["returncode"] == 0 and p["fits"], json.dumps(p, indent=1)[:3000]
-    assert p["gpu_mem"] == (141 if "a3b" in preset else 80) * GiB
-    assert len(p["stages"]) == p["pp"] == (4 if "a3b" in preset else 2)
+    moe = _moe(preset)
+    assert p["gpu_mem"] == (141 if moe else 80) * GiB
+    assert len(p["stages"]) == p["pp"] == (MOE[moe] if moe else 2)
     for s in p["stages"]:
         assert s["error"] is None, s
         assert s["total"] <= p["gpu_mem"], s
@@ -119,3 +127,44 @@ def test_the_moe_preset_spreads_its_experts(plans: dict[str, dict]) -> None:
     critic = layers * (attention + E * H + experts) + H + H + 1  # the value head in place of the vocabulary
     last = [p for name, p in plans.items() if "a3b" in name][0]["stages"][3]
     assert abs(last["weights"] - 2 * (actor + critic)) <= 0.01 * last["weights"], (last, actor, critic)
+
+
+def test_the_235b_layout_holds_a_quarter_of_the_dense_weights_and_four_experts(
+    plans: dict[str, dict],
+) -> None:
+    """Qwen3-235B-A22B at PP 2, TP 4, EP 32: the last stage's bf16 weights per GPU are its 47
+    layers' attention split over TP 4, their routers and norms whole, 4 of 128 experts of each
+    layer whole (expert TP 1), and a quarter of the output layer (GSPO: no critic, no reference);
+    and the push moves the whole model (470 GB) through rank 0's host memory while its GPU holds
+    a few GiB."""
+    cfg = json.loads((ROOT / "configs/model/hf/Qwen3-235B-A22B/config.json").read_text())
+    H, D, F, E = cfg["hidden_size"], cfg["head_dim"], cfg["moe_intermediate_size"], cfg["num_experts"]
+    nq, nkv, V, L = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["vocab_size"], 94
+    layers, tp = L // 2, 4
+    attention = (H * nq * D * 2 + 2 * H * nkv * D) // tp + 2 * D + 2 * H  # q, o, k, v split; norms whole
+    experts = (E // 32) * 3 * H * F
+    vocab = -(-V // (128 * tp)) * 128 * tp
+    actor = layers * (attention + E * H + experts) + H + vocab * H // tp
+    plan = plans["qwen3_235b_a22b_gsm8k_tool_gspo_8n8g"]
+    last = plan["stages"][1]
+    assert abs(last["weights"] - 2 * actor) <= 0.01 * last["weights"], (last, actor)
+    total = 2 * (
+        L * (H * nq * D * 2 + 2 * H * nkv * D + 2 * D + 2 * H + E * H + E * 3 * H * F) + H + 2 * V * H
+    )
+    assert abs(plan["rollout"]["push_bytes"] - total) <= 0.01 * total, (plan["rollout"], total)
+    assert max(s["push"] for s in plan["stages"]) < 10 * GiB  # one tensor (and one bucket) at a time
+
+
+def test_virtual_stages_are_planned_through_the_interleaved_schedule(plans: dict[str, dict]) -> None:
+    """Qwen3-4B's preset with two virtual stages per pipeline rank: every stage's dry run runs
+    Megatron's interleaved schedule (the activations received in its order of virtual
+    micro-batches), and the first stage, which warms up with more micro-batches in flight, plans
+    more activation memory than under 1F1B, on the same weights."""
+    preset = "qwen3_4b_gsm8k_tool_steppo_4n8g"
+    proc = agent_r1("plan", f"+experiment={preset}", "parallel.vpp=2", "--json")
+    assert proc.stdout.strip().startswith("{"), proc.stdout[-2000:] + proc.stderr[-3000:]
+    vpp, plain = json.loads(proc.stdout), plans[preset]
+    for s, t in zip(vpp["stages"], plain["stages"], strict=True):
+        assert s["error"] is None, s
+        assert s["weights"] == t["weights"]
+    assert vpp["stages"][0]["activations"] > plain["stages"][0]["activations"]
