@@ -25,6 +25,7 @@ class BridgeConfig:
     ep: int = 1  # expert parallel: each rank of an EP group holds experts / ep of them (MoE only)
     sp: bool = False  # sequence parallel (tp > 1): the residual stream split over the TP ranks
     vpp: int = 1  # virtual pipeline stages per pipeline rank (interleaved schedule; pp > 1)
+    cp: int = 1  # context parallel: each sequence split over cp ranks (agent_r1.learner.context_parallel)
     dtype: str = "float32"  # float32 | bfloat16
     precision: str = "default"  # default | fp8 (Transformer Engine on GPU only)
     fp8_recipe: str = "delayed"  # delayed | tensorwise (current scaling)
@@ -38,6 +39,8 @@ class BridgeConfig:
             )
         if self.sp and self.tp == 1:
             raise ValueError("parallel.sp needs parallel.tp > 1 (it splits tokens over the TP ranks)")
+        if self.cp < 1:
+            raise ValueError(f"parallel.cp must be >= 1, got {self.cp}")
         if self.vpp < 1 or (self.vpp > 1 and self.pp == 1):
             raise ValueError(f"parallel.vpp must be >= 1, and > 1 only with parallel.pp > 1; got {self.vpp}")
         if self.dtype not in ("float32", "bfloat16"):
@@ -80,9 +83,8 @@ def megatron_config(hf: Any, bc: BridgeConfig):
             "multimodal rotary positions run on the local spec: use model.precision=default"
         )
     if hf.num_hidden_layers % (bc.pp * bc.vpp):
-        raise ValueError(
-            f"parallel.pp={bc.pp} x parallel.vpp={bc.vpp} must divide num_hidden_layers={hf.num_hidden_layers}"
-        )
+        stages = f"parallel.pp={bc.pp}" + (f" x parallel.vpp={bc.vpp}" if bc.vpp > 1 else "")
+        raise ValueError(f"{stages} must divide num_hidden_layers={hf.num_hidden_layers}")
     kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
     if kv_heads % bc.tp or hf.num_attention_heads % bc.tp:
         raise ValueError(
@@ -104,6 +106,11 @@ def megatron_config(hf: Any, bc: BridgeConfig):
             f"parallel.tp={bc.tp} with a mixture-of-experts model needs parallel.ep > 1: at EP 1 "
             "Megatron-Core treats the (whole, expert TP 1) experts as dense weights and never sums "
             "the gradients each TP rank takes from its own tokens; spread them, e.g. parallel.ep=tp"
+        )
+    if bc.cp > 1 and arch.mrope:
+        raise ValueError(
+            f"parallel.cp with {arch.model_type}: context parallelism splits sequences by 1-D "
+            "positions; use parallel.cp=1 for vision-language models"
         )
     if bc.sp and arch.mrope:
         raise ValueError(
@@ -139,6 +146,7 @@ def megatron_config(hf: Any, bc: BridgeConfig):
         overlap_p2p_comm=bc.vpp > 1,
         batch_p2p_comm=bc.vpp == 1,
         sequence_parallel=bc.sp,
+        context_parallel_size=bc.cp,
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=bc.dtype == "bfloat16",
@@ -178,7 +186,34 @@ def megatron_config(hf: Any, bc: BridgeConfig):
         spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm", **experts)
         if bc.sp:
             spec = _replace_module(spec, WrappedTorchNorm, SequenceParallelRMSNorm)
+        if bc.cp > 1:
+            from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+            spec = _replace_module(spec, DotProductAttention, context_parallel_attention())
     return cfg, kwargs, spec
+
+
+_CP_ATTENTION: type | None = None
+
+
+def context_parallel_attention() -> type:
+    """The local spec's core attention under context parallelism: Megatron-Core's
+    ``DotProductAttention`` built as at CP 1 (it refuses CP, which upstream only Transformer
+    Engine's attention runs); the learner's ``PackedAttention`` computes it over every CP rank's
+    keys and values (``agent_r1.learner.context_parallel``)."""
+    global _CP_ATTENTION
+    if _CP_ATTENTION is None:
+        import dataclasses
+
+        from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+        class ContextParallelDotProductAttention(DotProductAttention):
+            def __init__(self, config: Any, *args: Any, **kwargs: Any):
+                super().__init__(dataclasses.replace(config, context_parallel_size=1), *args, **kwargs)
+                self.config = config
+
+        _CP_ATTENTION = ContextParallelDotProductAttention
+    return _CP_ATTENTION
 
 
 class SequenceParallelRMSNorm(torch.nn.RMSNorm):

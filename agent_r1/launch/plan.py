@@ -194,7 +194,7 @@ def plan_stage(
 
     cfg, hf_config, fp8 = planned_config(overrides)
     p = cfg.parallel
-    rank = stage * p.tp * p.dp  # Megatron's order tp-cp-ep-dp-pp: (tp 0, dp 0, pp stage)
+    rank = stage * p.tp * p.cp * p.dp  # Megatron's order tp-cp-ep-dp-pp: (tp 0, cp 0, dp 0, pp stage)
     out = StagePlan(stage=stage, rank=rank)
     run = dry_run.DryRun(
         rank,
@@ -206,7 +206,7 @@ def plan_stage(
     )
     with run:
         exports = _stage_export(hf_config, p.pp, p.vpp)
-        run.peer_export = lambda src: exports[src // (p.tp * p.dp)]
+        run.peer_export = lambda src: exports[src // (p.tp * p.cp * p.dp)]
         p.initialize()
         from agent_r1.train.learner import Learner
 

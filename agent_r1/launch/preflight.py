@@ -42,6 +42,7 @@ def model_dims(cfg: TrainConfig) -> dict[str, int] | None:
             "ffn": hf.get("intermediate_size", 0),
             "positions": hf.get("max_position_embeddings", 0),
             "experts": hf.get("num_experts") or hf.get("num_local_experts") or 0,
+            "vision": int("vision_config" in hf),
         }
     b = cfg.model.build
     if b is None:
@@ -54,6 +55,7 @@ def model_dims(cfg: TrainConfig) -> dict[str, int] | None:
         "ffn": 0,
         "positions": 0,
         "experts": experts,
+        "vision": int(b.arch in ("qwen2_vl", "qwen2_5_vl")),
     }
 
 
@@ -101,6 +103,11 @@ def model_problems(cfg: TrainConfig, local: bool = True) -> list[str]:
             out.append(
                 f"parallel.tp={par.tp} with a mixture-of-experts model needs parallel.sp=true "
                 "(Megatron-Core's MoE layer takes the sequence-parallel token split at TP > 1)"
+            )
+        if par.cp > 1 and dims.get("vision"):
+            out.append(
+                f"parallel.cp={par.cp}: context parallelism splits sequences by 1-D positions; a "
+                "vision-language model's multimodal positions need parallel.cp=1"
             )
         if dims["experts"] and par.tp > 1 and par.ep == 1:
             out.append(

@@ -26,8 +26,9 @@ from agent_r1.learner.checkpoint_files import (
     verify_checksums,
     write_checksums,
 )
+from agent_r1.learner.context_parallel import gather_rows
 from agent_r1.learner.device import learner_device
-from agent_r1.learner.optim import OptimConfig, torch_optimizers, use_fused_adam
+from agent_r1.learner.optim import OptimConfig, pad_multiple, torch_optimizers, use_fused_adam
 from agent_r1.learner.packing import Packed
 from agent_r1.learner.policy import packed_forward, packed_logprobs
 from agent_r1.vision.qwen2_vl import is_vision_config, mrope_sections
@@ -209,18 +210,34 @@ class Actor:
             getattr(chunk, method)()
 
     def _rows(self, mb: Packed) -> torch.Tensor:
-        """The stream positions whose output the loss reads: the logits before each action token."""
-        return mb.label_pos - 1
+        """The stream positions whose output the loss reads: the logits before each action token
+        (under context parallelism: those of this CP rank's rows)."""
+        return mb.label_pos - 1 if mb.cp is None else mb.cp.label_rows
+
+    def _shard(self, micro: list[Packed]) -> list[Packed]:
+        """Under context parallelism, this CP rank's share of each micro-batch."""
+        from megatron.core import parallel_state as ps
+
+        from agent_r1.learner.context_parallel import shard
+
+        cp = ps.get_context_parallel_world_size()
+        if cp == 1:
+            return micro
+        b = self.bridge  # each rank's stream padded as a whole one would be (SP's tp, FP8's 16)
+        align = pad_multiple(self.optim_cfg, b.precision, b.tp if b.sp else 1)
+        rank, group = ps.get_context_parallel_rank(), ps.get_context_parallel_group()
+        return [shard(mb, cp, rank, group, align) for mb in micro]
 
     def _run(self, micro: list[Packed], loss_fn, forward_only: bool, select_rows: bool = True) -> None:
         """Megatron's forward-backward schedule over the micro-batches; ``loss_fn(mb, output)``
         runs on the last pipeline stage with the output at ``self._rows(mb)`` ((rows, V/tp)
-        logits, (rows, 1) values), or at every position without ``select_rows``."""
+        logits, (rows, 1) values), or at every position (of this CP rank's stream) without
+        ``select_rows``."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         from agent_r1.learner import dry_run
 
-        micro = dry_run.schedule(micro)  # every one, except in agent-r1 plan's dry run
+        micro = dry_run.schedule(self._shard(micro))  # every one, except in agent-r1 plan's dry run
         # the interleaved schedule (virtual stages) walks the micro-batches once per chunk
         data = [iter(micro) for _ in self.chunks] if len(self.chunks) > 1 else iter(micro)
         last = {id(c): m.post_process for c, m in zip(self.chunks, self.modules, strict=True)}
@@ -261,8 +278,9 @@ class Actor:
         from megatron.core import parallel_state as ps
 
         group, rank = ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_rank()
-        targets = mb.tokens[mb.label_pos]
-        return packed_logprobs(
+        cp = mb.cp
+        targets = mb.tokens[mb.label_pos] if cp is None else cp.targets[cp.label_idx[cp.rank]]
+        lp, ent = packed_logprobs(
             logits,
             targets,
             group,
@@ -270,6 +288,9 @@ class Actor:
             self.lm_config.vocab_size,
             temperature=self.temperature,
         )
+        if cp is not None:  # every CP rank's labels: the micro-batch's whole vectors
+            lp, ent = gather_rows(lp, cp), gather_rows(ent, cp)
+        return lp, ent
 
     # ---- API --------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -409,6 +430,7 @@ class Actor:
                 "pp": self.bridge.pp,
                 "ep": self.bridge.ep,
                 "vpp": self.bridge.vpp,
+                "cp": self.bridge.cp,
                 "trainer": trainer_state or {},
             }
             (tmp / "agent_r1_state.json").write_text(json.dumps(meta, indent=1))
@@ -461,8 +483,9 @@ class Actor:
         if box[0]:
             raise CheckpointError(box[0])
         meta = json.loads((path / "agent_r1_state.json").read_text())
-        layout = (meta["tp"], meta["pp"], meta.get("ep", 1), meta.get("vpp", 1))
-        same_layout = layout == (self.bridge.tp, self.bridge.pp, self.bridge.ep, self.bridge.vpp)
+        layout = tuple(meta.get(k, 1) for k in ("tp", "pp", "ep", "vpp", "cp"))
+        b = self.bridge
+        same_layout = layout == (b.tp, b.pp, b.ep, b.vpp, b.cp)
         want_opt = (
             meta["with_optimizer"]
             and self.optimizer is not None

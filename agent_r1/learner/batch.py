@@ -297,16 +297,18 @@ class LearnerBatch:
             images = [im for s in seqs.tolist() for im in self.seq_images[s]]
             image_pos = dev(np.flatnonzero(self.stream_is_image[tok_idx])) if images else None
         act_index = dev(acts)
-        return Packed(
+        label_pos = self.label_pos[acts] + np.repeat(shift, n_acts)
+        value_pos = self.value_pos[steps] + np.repeat(shift, n_steps)
+        packed = Packed(
             tokens=dev(tokens),
             positions=dev(positions),
             seq_id=dev(seq_id),
             cu_seqlens=dev(cu),
-            label_pos=dev(self.label_pos[acts] + np.repeat(shift, n_acts)),
+            label_pos=dev(label_pos),
             label_step=dev(local_step),
             label_mask=self.action_mask[act_index],
             num_steps=len(steps),
-            step_value_pos=dev(self.value_pos[steps] + np.repeat(shift, n_steps)),
+            step_value_pos=dev(value_pos),
             act_index=act_index,
             step_index=dev(steps),
             bounds=list(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)),
@@ -314,6 +316,15 @@ class LearnerBatch:
             images=images,
             image_pos=image_pos,
         )
+        # the host arrays a context-parallel split reads (no device round trip; a dry run's
+        # device tensors hold no values)
+        packed.cache["host"] = {
+            "tokens": tokens,
+            "positions": positions,
+            "label_pos": label_pos,
+            "value_pos": value_pos,
+        }
+        return packed
 
 
 PAD_TOKEN = 0  # the id a padding sequence holds: never a label, so any id in the vocabulary does

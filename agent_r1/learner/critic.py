@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from agent_r1.learner.actor import Actor
+from agent_r1.learner.context_parallel import gather_rows
 from agent_r1.learner.optim import OptimConfig
 from agent_r1.learner.packing import Packed
 
@@ -57,7 +58,13 @@ class Critic(Actor):
             module.output_layer = ValueHead(module.config.hidden_size, module.config.params_dtype)
 
     def _rows(self, mb: Packed) -> torch.Tensor:
-        return mb.step_value_pos
+        return mb.step_value_pos if mb.cp is None else mb.cp.step_rows
+
+    @staticmethod
+    def _values(mb: Packed, values: torch.Tensor) -> torch.Tensor:
+        """(steps,) fp32 values of the micro-batch (every CP rank's, under context parallelism)."""
+        v = values[:, 0].float()
+        return v if mb.cp is None else gather_rows(v, mb.cp, steps=True)
 
     def values(self, micro: list[Packed], num_steps: int) -> torch.Tensor | None:
         """(num_steps,) float32 V(s_t) at every step start of the micro-batches, at their
@@ -67,7 +74,7 @@ class Critic(Actor):
         out = torch.full((num_steps,), float("nan"), device=self.device)
 
         def loss_fn(mb, values):
-            v = values[:, 0].float()
+            v = self._values(mb, values)
             out[mb.step_index] = v
             return v.sum() * 0.0, {}
 
@@ -91,7 +98,7 @@ class Critic(Actor):
         metrics = {"value_loss": 0.0}
 
         def loss_fn(mb, values):
-            v = values[:, 0].float()
+            v = self._values(mb, values)
             r = returns[mb.step_index]
             loss = (v - r) ** 2
             if self.value_clip is not None and old_values is not None:

@@ -34,6 +34,8 @@ class Packed:
     cache: dict[str, Any] = field(default_factory=dict, repr=False)  # per-forward plans built once
     images: list[Any] = field(default_factory=list)  # the sequences' images, one per pad run in stream order
     image_pos: torch.Tensor | None = None  # (pads,) stream positions of the image pad tokens
+    # context parallelism: this CP rank's share of a micro-batch (``context_parallel.shard``)
+    cp: Any = None
 
     @property
     def num_tokens(self) -> int:

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from agent_r1.learner import context_parallel
 from agent_r1.learner.packing import Packed
 
 
@@ -87,6 +88,8 @@ class AttentionPlan:
 
     buckets: list[_Bucket]
     perm: torch.Tensor
+    cp: Any = None  # context parallelism: keys and values all-gathered over the CP ranks
+    cp_mask: torch.Tensor | None = None  # (1, 1, rows, cp * rows) bool, True = attend
 
     @classmethod
     def of(cls, bounds: list[tuple[int, int]], device: torch.device, fill: float = 0.8) -> AttentionPlan:
@@ -141,6 +144,15 @@ class PackedAttention(torch.nn.Module):
         from agent_r1.learner import dry_run
 
         plan: AttentionPlan | None = self.box["plan"]
+        if plan is not None and plan.cp is not None:  # every CP rank's keys and values
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            key, value = (  # (contiguous: the QKV split's views; backward: each rank's rows get
+                gather_from_sequence_parallel_region(  # the sum of every rank's gradient)
+                    x.contiguous(), tensor_parallel_output_grad=True, group=plan.cp.group
+                )
+                for x in (key, value)
+            )
         if plan is not None and dry_run.fused():  # a GPU's fused attention, planned
             sq, b, heads, hn = query.shape
             out = dry_run.fused_attention(query.squeeze(1), key.squeeze(1), value.squeeze(1))
@@ -150,6 +162,17 @@ class PackedAttention(torch.nn.Module):
                 query, key, value, attention_mask, attn_mask_type, attention_bias, packed_seq_params
             )
         sq, b, heads, hn = query.shape  # [s, 1, heads, hn]; key/value [s, 1, groups, hn]
+        if plan.cp is not None:
+            q, k, v = (x.squeeze(1).transpose(0, 1).unsqueeze(0) for x in (query, key, value))
+            o = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=plan.cp_mask,
+                scale=self.inner.softmax_scale,
+                enable_gqa=k.shape[1] != heads,
+            )  # (1, heads, s, hn)
+            return o[0].transpose(0, 1).reshape(sq, b, heads * hn)
         q, k, v = query.squeeze(1), key.squeeze(1), value.squeeze(1)  # views: a select's backward would copy
         outs = []
         for bk in plan.buckets:
@@ -185,7 +208,7 @@ def install_packed_attention(model: Any) -> dict[str, Any] | None:
     layers = list(m.decoder.layers) if getattr(m, "decoder", None) is not None else []
     cores = [layer.self_attention.core_attention for layer in layers]
     ok = all(
-        type(c) is DotProductAttention
+        isinstance(c, DotProductAttention)  # (or the bridge's context-parallel form of it)
         and c.attention_dropout.p == 0
         and getattr(c, "softmax_offset", None) is None
         and getattr(c.config, "window_size", None) is None
@@ -424,11 +447,27 @@ def _forward(model: Any, packed: Packed, vision: Any = None) -> torch.Tensor:
     if _uses_te(model):
         from megatron.core.packed_seq_params import PackedSeqParams
 
-        cu = packed.cu_seqlens.to(torch.int32)
-        longest = max(e - a for a, e in packed.bounds)
-        params = PackedSeqParams(
-            qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest, max_seqlen_kv=longest
-        )
+        if packed.cp is not None:  # TE's THD context parallelism: the rows in its partitioned layout
+            cp = packed.cp
+            params = PackedSeqParams(
+                qkv_format="thd",
+                cu_seqlens_q=cp.cu_real,
+                cu_seqlens_kv=cp.cu_real,
+                cu_seqlens_q_padded=cp.cu_padded,
+                cu_seqlens_kv_padded=cp.cu_padded,
+                max_seqlen_q=cp.max_padded,
+                max_seqlen_kv=cp.max_padded,
+            )
+        else:
+            cu = packed.cu_seqlens.to(torch.int32)
+            longest = max(e - a for a, e in packed.bounds)
+            params = PackedSeqParams(
+                qkv_format="thd",
+                cu_seqlens_q=cu,
+                cu_seqlens_kv=cu,
+                max_seqlen_q=longest,
+                max_seqlen_kv=longest,
+            )
         return model(
             packed.tokens.unsqueeze(0), packed.positions.unsqueeze(0), None, packed_seq_params=params
         )
@@ -439,11 +478,13 @@ def _forward(model: Any, packed: Packed, vision: Any = None) -> torch.Tensor:
     positions = packed.positions[0] if multimodal else packed.positions  # (rope angles: PackedRotary)
     if attention is not None:
         if "attention" not in packed.cache:  # the same for every pass over this micro-batch
-            packed.cache["attention"] = (
-                AttentionPlan([], None)  # a dry run plans fused attention: no buckets, no masks
-                if dry_run.fused()
-                else AttentionPlan.of(packed.bounds, packed.tokens.device)
-            )
+            if dry_run.fused():  # a dry run plans fused attention: no buckets, no masks
+                plan = AttentionPlan([], None, packed.cp)
+            elif packed.cp is not None:  # every CP rank's keys, masked by place in the sequence
+                plan = AttentionPlan([], None, packed.cp, context_parallel.attention_mask(packed.cp))
+            else:
+                plan = AttentionPlan.of(packed.bounds, packed.tokens.device)
+            packed.cache["attention"] = plan
         attention["plan"] = packed.cache["attention"]
     try:
         mask = None if attention is not None else packed.attention_mask()

@@ -93,19 +93,25 @@ class ParallelConfig:
     # virtual pipeline stages per pipeline rank (Megatron's interleaved schedule, pp > 1): each rank
     # holds vpp non-adjacent slices of the layers, which shrinks the pipeline bubble vpp times
     vpp: int = 1
+    # context parallel: each sequence of a micro-batch split over cp ranks (long contexts; the
+    # ranks of a data-parallel replica share its records)
+    cp: int = 1
     backend: str = "gloo"  # gloo (CPU) | nccl (GPU)
 
     def __post_init__(self) -> None:
         _check(self.tp >= 1 and self.pp >= 1, "parallel.tp/pp", f"must be >= 1, got {self.tp}, {self.pp}")
+        _check(self.cp >= 1, "parallel.cp", f"must be >= 1, got {self.cp}")
+        model = self.tp * self.pp * self.cp
         _check(
-            self.learner_ranks >= 1 and self.learner_ranks % (self.tp * self.pp) == 0,
+            self.learner_ranks >= 1 and self.learner_ranks % model == 0,
             "parallel.learner_ranks",
-            f"must be a multiple of tp*pp = {self.tp * self.pp}, got {self.learner_ranks}",
+            f"must be a multiple of tp*pp*cp = {model}, got {self.learner_ranks}",
         )
+        stage = self.tp * self.cp * self.dp
         _check(
-            self.ep >= 1 and (self.tp * self.dp) % self.ep == 0,
+            self.ep >= 1 and stage % self.ep == 0,
             "parallel.ep",
-            f"must divide the tp * dp = {self.tp * self.dp} ranks of a pipeline stage, got {self.ep}",
+            f"must divide the tp * cp * dp = {stage} ranks of a pipeline stage, got {self.ep}",
         )
         _check(
             not self.sp or self.tp > 1,
@@ -127,13 +133,14 @@ class ParallelConfig:
             self.tp,
             self.pp,
             virtual_pipeline_model_parallel_size=self.vpp if self.vpp > 1 else None,
+            context_parallel_size=self.cp,
             expert_model_parallel_size=self.ep,
             expert_tensor_parallel_size=1,
         )
 
     @property
     def dp(self) -> int:
-        return self.learner_ranks // (self.tp * self.pp)
+        return self.learner_ranks // (self.tp * self.pp * self.cp)
 
 
 @dataclass
@@ -530,6 +537,7 @@ def bridge_config(cfg: TrainConfig):
         ep=cfg.parallel.ep,
         sp=cfg.parallel.sp,
         vpp=cfg.parallel.vpp,
+        cp=cfg.parallel.cp,
         dtype=cfg.model.dtype,
         precision=cfg.model.precision,
         fp8_recipe=cfg.model.fp8_recipe,

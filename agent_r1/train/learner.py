@@ -313,7 +313,7 @@ class Learner:
     def gather_hf_weights(self) -> dict[str, torch.Tensor] | None:
         """Full HF-named weights on global rank 0, in host memory; None elsewhere. Every tensor
         leaves the GPU as soon as it is made: rank 0's own stage's as its export gathers them (over
-        TP, the experts over EP); each later stage's first rank (DP 0, TP 0) streams its tensors to
+        TP, the experts over EP); each later stage's first rank (TP, CP and DP rank 0) streams its tensors to
         rank 0 one at a time, point to point (name, dtype and shape, then the data; a None ends the
         stage). A GPU thus holds one gathered tensor of the push at a time, never a stage's or the
         model's whole HF copy (61 GB for Qwen3-30B-A3B, 470 GB for Qwen3-235B-A22B), and rank 0's
@@ -340,6 +340,7 @@ class Learner:
             ps.get_pipeline_model_parallel_world_size() > 1
             and ps.get_data_parallel_rank() == 0
             and ps.get_tensor_model_parallel_rank() == 0
+            and ps.get_context_parallel_rank() == 0
             and 0 in dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())
         )
         for name, t in export:

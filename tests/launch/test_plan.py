@@ -168,3 +168,16 @@ def test_virtual_stages_are_planned_through_the_interleaved_schedule(plans: dict
         assert s["error"] is None, s
         assert s["weights"] == t["weights"]
     assert vpp["stages"][0]["activations"] > plain["stages"][0]["activations"]
+
+
+def test_context_parallelism_halves_a_stages_activations(plans: dict[str, dict]) -> None:
+    """Qwen3-4B's preset at CP 2 (the same 32 GPUs: DP 4): each CP rank holds half of every
+    sequence, so each stage's activations are about half of CP 1's, on the same weights."""
+    preset = "qwen3_4b_gsm8k_tool_steppo_4n8g"
+    proc = agent_r1("plan", f"+experiment={preset}", "parallel.cp=2", "--json")
+    assert proc.stdout.strip().startswith("{"), proc.stdout[-2000:] + proc.stderr[-3000:]
+    cp, plain = json.loads(proc.stdout), plans[preset]
+    for s, t in zip(cp["stages"], plain["stages"], strict=True):
+        assert s["error"] is None, s
+        assert s["weights"] == t["weights"]
+        assert 0.4 * t["activations"] < s["activations"] < 0.65 * t["activations"], (s, t)

@@ -49,10 +49,10 @@ def learner(model_dir: str, overrides: list[str]):
 
 def grads(lr) -> dict[str, list[float]]:
     out = {}
-    for name, p in lr.actor.model.module.named_parameters():
+    for name, p in lr.actor.module.named_parameters():
         out[name] = p.main_grad.flatten().tolist()
     if lr.critic is not None:
-        for name, p in lr.critic.model.module.named_parameters():
+        for name, p in lr.critic.module.named_parameters():
             out["critic." + name] = p.main_grad.flatten().tolist()
     return out
 

@@ -159,7 +159,7 @@ def logprobs(actor, trajectories: list[list[dict]]) -> list[list[float]] | None:
         result.update(out)
         return lp.sum() * 0.0, {}
 
-    actor.model.eval()
+    actor._each("eval")
     actor._run(micro, loss_fn, forward_only=True, select_rows=False)
     return [result[i] for i in range(len(result))] if ps.is_pipeline_last_stage() else None
 
@@ -177,7 +177,7 @@ def values(critic, trajectories: list[list[dict]]) -> list[float] | None:
             out[row] = val
         return v.sum() * 0.0, {}
 
-    critic.model.eval()
+    critic._each("eval")
     with torch.no_grad():
         critic._run(micro, loss_fn, forward_only=True, select_rows=False)
     return [out[i] for i in range(len(out))] if ps.is_pipeline_last_stage() else None
