@@ -160,24 +160,26 @@ def test_virtual_stages_are_planned_through_the_interleaved_schedule(plans: dict
     Megatron's interleaved schedule (the activations received in its order of virtual
     micro-batches), and the first stage, which warms up with more micro-batches in flight, plans
     more activation memory than under 1F1B, on the same weights."""
+    vpp, plain = _beside_the_4b_plan(plans, "parallel.vpp=2")
+    assert vpp[0]["activations"] > plain[0]["activations"]
+
+
+def _beside_the_4b_plan(plans: dict[str, dict], *overrides: str) -> tuple[list[dict], list[dict]]:
+    """The Qwen3-4B preset's stages planned with ``overrides``, and without (same weights, no
+    error)."""
     preset = "qwen3_4b_gsm8k_tool_steppo_4n8g"
-    proc = agent_r1("plan", f"+experiment={preset}", "parallel.vpp=2", "--json")
+    proc = agent_r1("plan", f"+experiment={preset}", *overrides, "--json")
     assert proc.stdout.strip().startswith("{"), proc.stdout[-2000:] + proc.stderr[-3000:]
-    vpp, plain = json.loads(proc.stdout), plans[preset]
-    for s, t in zip(vpp["stages"], plain["stages"], strict=True):
+    other, plain = json.loads(proc.stdout)["stages"], plans[preset]["stages"]
+    for s, t in zip(other, plain, strict=True):
         assert s["error"] is None, s
         assert s["weights"] == t["weights"]
-    assert vpp["stages"][0]["activations"] > plain["stages"][0]["activations"]
+    return other, plain
 
 
 def test_context_parallelism_halves_a_stages_activations(plans: dict[str, dict]) -> None:
     """Qwen3-4B's preset at CP 2 (the same 32 GPUs: DP 4): each CP rank holds half of every
     sequence, so each stage's activations are about half of CP 1's, on the same weights."""
-    preset = "qwen3_4b_gsm8k_tool_steppo_4n8g"
-    proc = agent_r1("plan", f"+experiment={preset}", "parallel.cp=2", "--json")
-    assert proc.stdout.strip().startswith("{"), proc.stdout[-2000:] + proc.stderr[-3000:]
-    cp, plain = json.loads(proc.stdout), plans[preset]
-    for s, t in zip(cp["stages"], plain["stages"], strict=True):
-        assert s["error"] is None, s
-        assert s["weights"] == t["weights"]
+    cp, plain = _beside_the_4b_plan(plans, "parallel.cp=2")
+    for s, t in zip(cp, plain, strict=True):
         assert 0.4 * t["activations"] < s["activations"] < 0.65 * t["activations"], (s, t)
