@@ -78,8 +78,15 @@ class AgentFlow:
         return self.codec.encode(obs.text or ""), []
 
     async def act(
-        self, obs_ids: list[int], trajectory_id: str, step: int, images: list[Image] | None = None
+        self,
+        obs_ids: list[int],
+        trajectory_id: str,
+        step: int,
+        images: list[Image] | None = None,
+        max_new_tokens: int | None = None,
     ) -> Action:
+        """One action under the episode's sampling; ``max_new_tokens`` may only shorten the
+        episode's action budget (an agent program's ``max_tokens``)."""
         s = self.config.sampling
         seed = None
         if s.seed is not None:  # reproducible and different for every trajectory and step
@@ -91,7 +98,9 @@ class AgentFlow:
             )
         sampling = dataclasses.replace(
             s,
-            max_new_tokens=min(s.max_new_tokens, self.config.max_action_tokens),
+            max_new_tokens=min(
+                s.max_new_tokens, self.config.max_action_tokens, max_new_tokens or s.max_new_tokens
+            ),
             stop_token_ids=sorted(set(s.stop_token_ids) | set(self.codec.stop_token_ids)),
             seed=seed,
         )

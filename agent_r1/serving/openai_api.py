@@ -43,7 +43,7 @@ def error_response(message: str, param: str | None = None, status: int = 400) ->
     return web.json_response(body, status=status, dumps=dumps)
 
 
-def _get(body: dict[str, Any], key: str, types: tuple[type, ...], default: Any) -> Any:
+def field_of(body: dict[str, Any], key: str, types: tuple[type, ...], default: Any) -> Any:
     """``body[key]`` of one of ``types`` (a JSON true is no number), else ``default`` when absent."""
     v = body.get(key)
     if v is None:
@@ -143,7 +143,7 @@ def render_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _tool_schemas(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+def tool_schemas(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     tools = body.get("tools")
     choice = body.get("tool_choice", "auto")
     if choice not in ("auto", "none", None):
@@ -183,6 +183,38 @@ def _tool_calls(codec: ChatCodec, text: str) -> tuple[str, list[dict[str, Any]]]
     ]
 
 
+def chat_message(codec: ChatCodec, text: str, tools: bool, finish: str) -> tuple[dict[str, Any], str]:
+    """A finished reply's ``message`` (content, parsed ``tool_calls`` when the request gave tools)
+    and its ``finish_reason`` (``tool_calls`` when it made calls, else ``finish``)."""
+    content, calls = _tool_calls(codec, text) if tools else (codec.answer_text(text), [])
+    msg: dict[str, Any] = {"role": "assistant", "content": None if calls and not content.strip() else content}
+    if calls:
+        msg["tool_calls"] = calls
+    return msg, "tool_calls" if calls else finish
+
+
+def token_logprob(tokenizer: Any, t: int, lp: float) -> dict[str, Any]:
+    """One entry of a chat choice's ``logprobs.content``: the token's text, logprob and bytes."""
+    s = tokenizer.decode([t], skip_special_tokens=False)
+    return {"token": s, "logprob": lp, "bytes": list(s.encode())}
+
+
+def message_chunks(head: dict[str, Any], msg: dict[str, Any], finish: str) -> list[dict[str, Any]]:
+    """A finished reply as the ``chat.completion.chunk`` events a stream sends: the role, the
+    content, the tool calls (each with its ``index``), the finish reason."""
+
+    def chunk(delta: dict[str, Any], fin: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": fin}
+        return {**head, "object": "chat.completion.chunk", "choices": [choice]}
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    if msg.get("content"):
+        out.append(chunk({"content": msg["content"]}))
+    if msg.get("tool_calls"):
+        out.append(chunk({"tool_calls": [{**c, "index": k} for k, c in enumerate(msg["tool_calls"])]}))
+    return [*out, chunk({}, finish)]
+
+
 class OpenAIRoutes:
     """Installs the routes on a ``Server``'s app (before it starts)."""
 
@@ -206,13 +238,13 @@ class OpenAIRoutes:
             raise InvalidRequest("stop: must be a string or a list of strings", "stop")
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         d = {
-            "temperature": _get(body, "temperature", (int, float), 1.0),
-            "top_p": _get(body, "top_p", (int, float), 1.0),
-            "n": _get(body, "n", (int,), 1),
+            "temperature": field_of(body, "temperature", (int, float), 1.0),
+            "top_p": field_of(body, "top_p", (int, float), 1.0),
+            "n": field_of(body, "n", (int,), 1),
             "max_new_tokens": max_tokens_default if max_tokens is None else max_tokens,
             "stop": stop,
             "stop_token_ids": stop_ids,
-            "sampling_seed": _get(body, "seed", (int,), None),
+            "sampling_seed": field_of(body, "seed", (int,), None),
         }
         return {k: v for k, v in d.items() if v is not None}
 
@@ -269,8 +301,7 @@ class OpenAIRoutes:
         return "length" if f.get("type") == "length" else "stop"  # stop token, stop string, abort
 
     def _token(self, t: int, lp: float) -> dict[str, Any]:
-        s = self.engine.tokenizer.decode([t], skip_special_tokens=False)
-        return {"token": s, "logprob": lp, "bytes": list(s.encode())}
+        return token_logprob(self.engine.tokenizer, t, lp)
 
     def _usage(self, reqs: list[Any]) -> dict[str, int]:
         p, c = len(reqs[0].prompt), sum(len(r.out_ids) for r in reqs)
@@ -311,7 +342,7 @@ class OpenAIRoutes:
             ids = list(self.engine.tokenizer.encode(prompt, add_special_tokens=False))
         else:
             raise InvalidRequest("prompt: must be a non-empty string or a list of token ids", "prompt")
-        top = _get(body, "logprobs", (int,), 0)
+        top = field_of(body, "logprobs", (int,), 0)
         eos = sorted(self.engine.eos_ids)
         reqs = self._requests(ids, self._sampling(body, 16, []), top, prompt_field="prompt")
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
@@ -352,15 +383,15 @@ class OpenAIRoutes:
                 f"model {self.name} has no ChatML chat template: use /v1/completions", "model"
             )
         try:
-            return self.codec.encode_chat_images(render_messages(body.get("messages")), _tool_schemas(body))
+            return self.codec.encode_chat_images(render_messages(body.get("messages")), tool_schemas(body))
         except ImageError as e:
             raise InvalidRequest(str(e), "messages") from None
 
     async def _chat(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         ids, images = self.chat_prompt(body)
-        tools = _tool_schemas(body) is not None
-        want_lp = bool(_get(body, "logprobs", (bool,), False))
-        top = _get(body, "top_logprobs", (int,), 0)
+        tools = tool_schemas(body) is not None
+        want_lp = bool(field_of(body, "logprobs", (bool,), False))
+        top = field_of(body, "top_logprobs", (int,), 0)
         if top and not want_lp:
             raise InvalidRequest("top_logprobs: needs logprobs: true", "top_logprobs")
         assert self.codec is not None
@@ -377,20 +408,8 @@ class OpenAIRoutes:
             pass
         choices = []
         for i, r in enumerate(reqs):
-            text = self._decode(r.out_ids, stops)
-            content, calls = _tool_calls(self.codec, text) if tools else (self.codec.answer_text(text), [])
-            msg: dict[str, Any] = {
-                "role": "assistant",
-                "content": None if calls and not content.strip() else content,
-            }
-            if calls:
-                msg["tool_calls"] = calls
-            c: dict[str, Any] = {
-                "index": i,
-                "message": msg,
-                "finish_reason": "tool_calls" if calls else self._finish(r),
-                "logprobs": None,
-            }
+            msg, finish = chat_message(self.codec, self._decode(r.out_ids, stops), tools, self._finish(r))
+            c: dict[str, Any] = {"index": i, "message": msg, "finish_reason": finish, "logprobs": None}
             if want_lp:
                 c["logprobs"] = {
                     "content": [

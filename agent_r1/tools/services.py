@@ -31,6 +31,7 @@ class Services:
     retriever: Any = None  # the search tools' retriever (agent_r1.retrieval.client.Retriever)
     models: Mapping[str, Any] = field(default_factory=dict)  # served models by name: ServedModel
     env_server: EnvServer | None = None  # the recipe's environment service (rollout.env_server)
+    api_key: str | None = None  # the run's API key: what the agent gateway's sessions require
 
     def search(self) -> Any:
         if self.retriever is None:

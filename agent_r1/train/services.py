@@ -24,6 +24,7 @@ def run_services(cfg: Any, rd: Any, pending: bool = False) -> Services:
         retriever=None if pending else run_retriever(cfg, rd),
         models=run_models(cfg, rd) if rd is not None else {},
         env_server=run_env_server(cfg, rd, pending=pending),
+        api_key=rd.api_key() if rd is not None else None,
     )
 
 

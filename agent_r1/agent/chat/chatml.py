@@ -245,32 +245,43 @@ class ChatCodec:
         """``encode_chat`` where a content may be a list of text and image parts: the ids (each
         image as its vision markup, pads expanded) and the images in the order they appear."""
         images: list[Image] = []
-
-        def text_of(m: dict[str, Any], i: int) -> str:
-            return self.render_content(m.get("content") or "", images, f"message {i}")
-
         system = None
         if messages and messages[0]["role"] == "system":
-            system, messages = text_of(messages[0], 0), messages[1:]
-        off = 1 if system is not None else 0  # message numbers in errors count the system one
+            system = self.render_content(messages[0].get("content") or "", images, "message 0")
+            messages = messages[1:]
         text = self.render_prefix(system, tools)
+        # message numbers in errors count the system one
+        text += self.render_turns(messages, images, first=1 if system is not None else 0)
+        ids = self.encode(text) + (self.generation_prompt_ids if add_generation_prompt else [])
+        return ids, images
+
+    def render_turns(self, messages: list[dict[str, Any]], images: list[Image], first: int = 0) -> str:
+        """The turns of ``messages`` (no system message) as text, images appended to ``images``;
+        consecutive tool messages are one step's results. ``first``: the number of the first
+        message in errors."""
+        text = ""
         results: list[tuple[str | None, str]] = []
-        for i, m in enumerate(messages, off):
+        for i, m in enumerate(messages, first):
+            body = self.render_content(m.get("content") or "", images, f"message {i}")
             if m["role"] == "tool":
-                results.append((m.get("name"), text_of(m, i)))
+                results.append((m.get("name"), body))
                 continue
             if results:
                 text += self.render_tool_results(results)
                 results = []
             if m["role"] == "assistant" and m.get("tool_calls"):
-                calls = [(c["name"], c["arguments"]) for c in m["tool_calls"]]
-                text += self.render_assistant(text_of(m, i), calls)
+                text += self.render_assistant(body, [(c["name"], c["arguments"]) for c in m["tool_calls"]])
             else:
-                text += self.render_message(m["role"], text_of(m, i))
+                text += self.render_message(m["role"], body)
         if results:
             text += self.render_tool_results(results)
-        ids = self.encode(text) + (self.generation_prompt_ids if add_generation_prompt else [])
-        return ids, images
+        return text
+
+    def encode_turns(self, messages: list[dict[str, Any]], first: int = 0) -> tuple[list[int], list[Image]]:
+        """``render_turns`` as token ids (the turns a conversation gained since its last reply),
+        with their images."""
+        images: list[Image] = []
+        return self.encode(self.render_turns(messages, images, first)), images
 
     # ---- images (Qwen2-VL family) ----------------------------------------------------------------
     def render_content(self, content: str | list[dict[str, Any]], images: list[Image], where: str) -> str:
