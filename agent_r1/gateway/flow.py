@@ -28,10 +28,10 @@ from typing import Any
 
 from agent_r1.agent.flow import AGENTS, AgentFlow, AgentSpec
 from agent_r1.data.rows import DataRow
-from agent_r1.gateway.programs import CallableLauncher, CommandLauncher, Launcher, Program
+from agent_r1.forkserver import Program
+from agent_r1.gateway.programs import ANSWER_LINE, REWARD_LINE, CallableLauncher, CommandLauncher, Launcher
 from agent_r1.gateway.server import Gateway
 from agent_r1.gateway.session import Session
-from agent_r1.gateway.zygote import ANSWER_LINE, REWARD_LINE
 from agent_r1.records.schema import Trajectory
 
 

@@ -1,5 +1,5 @@
-"""Starting and stopping agent programs: a command (any language), or a Python callable forked from
-a zygote that imported its module once (``zygote``).
+"""Starting and stopping agent programs: a command (any language), or a Python callable run in a
+child forked from a server that imported its module once (``agent_r1.forkserver``).
 
 Every program runs in a process group of its own with its episode's environment, stdout and stderr
 going to files in the episode's scratch folder (``AGENT_R1_WORKDIR``); ``Program.stop`` kills the
@@ -9,34 +9,16 @@ whole group, so nothing a program started outlives its episode.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import itertools
 import json
 import os
-import signal
 import subprocess
 import sys
-import tempfile
-import threading
-from collections.abc import Awaitable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent_r1.forkserver import ForkServer, Program, load
 
-@dataclass
-class Program:
-    """A running agent program: its process group and its exit status (awaitable)."""
-
-    pid: int
-    exited: Awaitable[int]
-
-    def stop(self) -> None:
-        """Kill the program's whole process group (what it started too); gone already is fine."""
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+REWARD_LINE, ANSWER_LINE = "agent-r1-reward:", "agent-r1-answer:"
 
 
 class Launcher:
@@ -69,83 +51,42 @@ class CommandLauncher(Launcher):
         return Program(proc.pid, proc.wait())
 
 
-class Zygote:
-    """One zygote process and the thread that reads its answers."""
-
-    def __init__(self, spec: str):
-        self.spec = spec
-        err = tempfile.TemporaryFile()  # its own errors (an import that fails): read back below
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent_r1.gateway.zygote", spec],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err,
-        )
-        if not self.proc.stdout.readline():  # type: ignore[union-attr]
-            self.proc.wait()
-            err.seek(0)
-            text = err.read().decode(errors="replace").strip().splitlines()
-            raise ValueError(f"agent callable {spec!r} cannot start: {text[-1] if text else 'no output'}")
-        self._ids = itertools.count()
-        self._lock = threading.Lock()
-        self._pids: dict[int, concurrent.futures.Future] = {}
-        self._exits: dict[int, concurrent.futures.Future] = {}
-        threading.Thread(target=self._read, name=f"zygote-{spec}", daemon=True).start()
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:  # type: ignore[union-attr]
-            msg = json.loads(line)
-            with self._lock:
-                if "pid" in msg:
-                    self._pids.pop(msg["id"]).set_result(msg["pid"])
-                else:
-                    self._exits.pop(msg["id"]).set_result(msg["exit"])
-        with self._lock:  # the zygote died: every program it had counts as crashed
-            dead = RuntimeError(f"the agent zygote of {self.spec!r} died (exit {self.proc.wait()})")
-            for f in [*self._pids.values(), *self._exits.values()]:
-                f.set_exception(dead)
-            self._pids.clear()
-            self._exits.clear()
-
-    async def start(self, task: dict[str, Any], env: dict[str, str], workdir: Path) -> Program:
-        i = next(self._ids)
-        pid_f: concurrent.futures.Future = concurrent.futures.Future()
-        exit_f: concurrent.futures.Future = concurrent.futures.Future()
-        with self._lock:
-            if not self.alive:
-                raise RuntimeError(f"the agent zygote of {self.spec!r} is not running")
-            self._pids[i], self._exits[i] = pid_f, exit_f
-            req = {"id": i, "task": task, "env": env, "cwd": str(workdir)}
-            self.proc.stdin.write((json.dumps(req) + "\n").encode())  # type: ignore[union-attr]
-            self.proc.stdin.flush()  # type: ignore[union-attr]
-        pid = await asyncio.wrap_future(pid_f)
-        return Program(pid, asyncio.wrap_future(exit_f))
+def run_agent(request: dict[str, Any]) -> None:
+    """The forked child of a callable agent: its folder, stdio and environment, then
+    ``FUNCTION(task)``; a returned number is printed as the reward line, a string as the answer
+    line."""
+    os.chdir(request["cwd"])
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        f = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.stdout = os.fdopen(1, "w", buffering=1)
+    sys.stderr = os.fdopen(2, "w", buffering=1)
+    os.environ.update(request["env"])
+    out = load(request["callable"])(request["task"])
+    if hasattr(out, "__await__"):
+        out = asyncio.run(out)
+    if isinstance(out, int | float) and not isinstance(out, bool):
+        print(f"{REWARD_LINE} {float(out)!r}")
+    elif isinstance(out, str):
+        print(f"{ANSWER_LINE} {json.dumps(out)}")
 
 
 class CallableLauncher(Launcher):
     """``callable``: ``module:function``, called with the task (a dict) in a child forked from
-    this process's zygote for that callable (started on first use, again if it died)."""
-
-    _zygotes: dict[str, Zygote] = {}
-    _guard = threading.Lock()
+    this process's fork server for that module."""
 
     def __init__(self, spec: str):
         mod, _, name = spec.partition(":")
         if not mod or not name:
             raise ValueError(f"agent callable {spec!r}: expected 'module:function'")
-        self.spec = spec
-
-    def zygote(self) -> Zygote:
-        with self._guard:
-            z = self._zygotes.get(self.spec)
-            if z is None or not z.alive:
-                z = self._zygotes[self.spec] = Zygote(self.spec)
-            return z
+        self.spec, self.module = spec, mod
 
     async def start(self, task: dict[str, Any], env: dict[str, str], workdir: Path) -> Program:
-        z = await asyncio.to_thread(self.zygote)  # the first start imports the module: not on the loop
-        return await z.start(task, env, workdir)
+        # the first start imports the module: not on the event loop
+        server = await asyncio.to_thread(
+            ForkServer.shared, "agent_r1.gateway.programs:run_agent", (self.module,)
+        )
+        return await server.start({"callable": self.spec, "task": task, "env": env, "cwd": str(workdir)})
