@@ -171,7 +171,11 @@ def run_code(req: dict[str, Any]) -> None:
     if req["namespaces"]:
         _supervise()  # returns in the process that runs the code
     code = compile(req["code"], "<code>", "exec")
-    exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+    names = {"__name__": "__main__", "__builtins__": __builtins__}
+    for module, alias in (("pandas", "pd"), ("numpy", "np")):  # the preloaded, by their usual names
+        if module in sys.modules:
+            names[alias] = sys.modules[module]
+    exec(code, names)
 
 
 def _supervise() -> None:
