@@ -99,6 +99,7 @@ ALLOWED = {
     "errors": set(),
     "registry": set(),
     "process": set(),
+    "forkserver": set(),  # children forked from a pre-imported process (agent programs, sandboxed code)
     "vision": set(),
     "algos": {"registry"},
     "records": set(),
@@ -107,12 +108,14 @@ ALLOWED = {
     "service": {"jsonfiles"},  # the HTTP service kit and the addresses services publish
     "rollout": {"records", "process", "vision", "service", "checkpoint_names"},
     "retrieval": {"jsonfiles", "service"},
-    "tools": {"registry", "retrieval", "vision"},
+    "tools": {"registry", "retrieval", "vision", "forkserver"},
     "rewards": {"registry"},
     "data": {"records", "vision"},
     "agent": {"rollout", "records", "data", "tools", "rewards", "registry", "vision"},
     "learner": {"algos", "records", "vision", "checkpoint_names"},
     "serving": {"agent", "rollout", "vision", "service"},
+    # agent programs through an OpenAI-compatible endpoint: an agent flow built on the serving routes
+    "gateway": {"agent", "serving", "records", "data", "vision", "service", "forkserver"},
 }
 
 
