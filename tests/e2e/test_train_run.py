@@ -65,6 +65,22 @@ def test_grpo_two_iterations(tiny_model_dir, tmp_path):
     assert "strict: 404" not in server_log, server_log[-2000:]
 
 
+def test_an_agent_program_trains_through_the_gateway(tiny_model_dir, tmp_path):
+    """The openai_agent recipe: the official-SDK program, forked per episode, through the worker's
+    gateway (the run's API key): its calls are the shards' steps, token in / token out."""
+    run = tmp_path / "gateway"
+    s = check_finished(train(reduced(tiny_model_dir, run, preset="openai_agent")), run, 2)
+    assert s["algorithm"] == "grpo"
+    check_events(run, 2)
+    table = read_records(run, 1)
+    infos = [json.loads(i) for i in table.column("info").to_pylist()]
+    assert infos and all(i["rewrite"] is False for i in infos)  # an SDK's history always extends
+    steps = table.column("step_index").to_pylist()
+    prefix = table.column("prefix_len").to_pylist()
+    assert all(p > 0 for k, p in zip(steps, prefix, strict=True) if k > 0)  # later steps merged
+    assert "env_error" not in (run / "logs" / "worker_0.log").read_text()
+
+
 def test_steppo_async_two_iterations(tiny_model_dir, tmp_path):
     run = tmp_path / "steppo"
     r = train(
