@@ -162,7 +162,11 @@ def tool_schemas(body: dict[str, Any]) -> list[dict[str, Any]] | None:
             raise InvalidRequest(f"tools[{i}]: must be {{'type': 'function', 'function': {{...}}}}", "tools")
         if not isinstance(t["function"].get("name"), str):
             raise InvalidRequest(f"tools[{i}].function.name: must be a string", "tools")
-        out.append(t)  # rendered as the training prompt renders a tool schema
+        # rendered as the training prompt renders a tool schema (``BaseTool.schema``): name,
+        # description, parameters; ``strict`` is a decoding directive for the API, not shown
+        f = t["function"]
+        shown = {k: f[k] for k in ("name", "description", "parameters") if k in f}
+        out.append({"type": "function", "function": shown})
     return out
 
 

@@ -9,14 +9,22 @@ from agent_r1.data.rows import DataRow
 from recipes.arithmetic_tool import data as arithmetic
 
 AGENT = "openai_agent"
+AGENTS_SDK = "openai_agents_sdk"  # the same agent written with the OpenAI Agents SDK
 TOOLS = arithmetic.TOOLS  # the agent's own calculator shows the model the same schema
 corpus = arithmetic.corpus
 demonstrations = arithmetic.demonstrations
 
 
-def build_rows(split: str = "train", num: int = 64, seed: int = 0, difficulty: int = 2) -> list[DataRow]:
+def build_rows(
+    split: str = "train", num: int = 64, seed: int = 0, difficulty: int = 2, library: str = "openai"
+) -> list[DataRow]:
+    """``library``: ``openai`` (``agent.py``: the SDK alone) or ``agents_sdk`` (``agents_sdk.py``:
+    the OpenAI Agents SDK)."""
+    agents = {"openai": AGENT, "agents_sdk": AGENTS_SDK}
+    if library not in agents:
+        raise ValueError(f"recipe openai_agent: library must be one of {sorted(agents)}, got {library!r}")
     rows = arithmetic.build_rows(split, num, seed, difficulty)
     for r in rows:
-        r.agent_name = AGENT
+        r.agent_name = agents[library]
         r.data_source = AGENT
     return rows

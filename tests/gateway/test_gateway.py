@@ -77,6 +77,23 @@ def test_the_sdk_agent_records_what_the_builtin_agent_records(codec):
     assert s0.info["rewrite"] is False and s1.info["rewrite"] is False
 
 
+def test_an_agents_sdk_agent_records_what_the_builtin_agent_records(codec):
+    """The same episode played by the OpenAI Agents SDK's ``Runner`` (the library keeps the history
+    and runs the tool loop): the same steps as the built-in agent, prefix-merged."""
+    pytest.importorskip("agents")
+    ext_row = openai_agent.build_rows("test", 1, seed=3, library="agents_sdk")[0]
+    ref_row = arithmetic.build_rows("test", 1, seed=3)[0]
+    assert ext_row.agent_name == "openai_agents_sdk"
+    ext, _ = play(codec, ext_row, script_for(ext_row), max_steps=4)
+    ref, _ = play(codec, ref_row, script_for(ref_row), max_steps=4)
+    assert [s.obs_token_ids for s in ext.steps] == [s.obs_token_ids for s in ref.steps]
+    assert [(s.prefix_len, s.reward, s.info["rewrite"]) for s in ext.steps] == [
+        (0, 0.0, False),
+        (ref.steps[1].prefix_len, 1.0, False),
+    ]
+    assert ext.steps[1].info["reward"]["source"] == "answer"  # what Runner.run returned, scored
+
+
 REWRITE = """
     import os, openai
     c = openai.OpenAI(max_retries=0)
