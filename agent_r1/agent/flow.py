@@ -33,6 +33,25 @@ def step_images(images: list[Image], seen: set[str]) -> dict[str, Any]:
     return {"images": [im.hash for im in images], "image_data": new}
 
 
+def action_step(
+    trajectory_id: str, group_id: str, t: int, obs_ids: list[int], action: Action, **fields: Any
+) -> StepRecord:
+    """Step ``t``'s record: the observation and the action exactly as sampled (ids, logprobs,
+    mask, version, finish reason), with the flow's other ``fields``."""
+    return StepRecord(
+        trajectory_id=trajectory_id,
+        group_id=group_id,
+        step_index=t,
+        obs_token_ids=obs_ids,
+        action_token_ids=action.token_ids,
+        action_logprobs=action.logprobs,
+        action_mask=list(action.mask or []),
+        policy_version=action.policy_version,
+        finish_reason=action.finish_reason.value,
+        **fields,
+    )
+
+
 def common_prefix_len(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -194,22 +213,18 @@ class AgentEnvLoop(AgentFlow):
                     res = await env.step(action)
                 last = res.done or t == self.config.max_steps - 1
                 traj.steps.append(
-                    StepRecord(
-                        trajectory_id=trajectory_id,
-                        group_id=group_id,
-                        step_index=t,
-                        obs_token_ids=ids,
-                        action_token_ids=action.token_ids,
-                        action_logprobs=action.logprobs,
-                        action_mask=list(action.mask or []),
-                        policy_version=action.policy_version,
+                    action_step(
+                        trajectory_id,
+                        group_id,
+                        t,
+                        ids,
+                        action,
                         prefix_len=common_prefix_len(ids, prev),
                         feedback=res.feedback,
                         reward=res.reward if (not last or res.done) else None,
                         process_reward=res.process_reward,
                         done=last,
                         truncated=bool(res.info.get("truncated")) or (last and not res.done),
-                        finish_reason=action.finish_reason.value,
                         info=res.info,
                         **step_images(images, seen),
                     )
@@ -241,18 +256,14 @@ class SingleStepFlow(AgentFlow):
             return traj
         action = await self.act(ids, trajectory_id, 0, images)
         traj.steps.append(
-            StepRecord(
-                trajectory_id=trajectory_id,
-                group_id=group_id,
-                step_index=0,
-                obs_token_ids=ids,
-                action_token_ids=action.token_ids,
-                action_logprobs=action.logprobs,
-                action_mask=list(action.mask or []),
-                policy_version=action.policy_version,
+            action_step(
+                trajectory_id,
+                group_id,
+                0,
+                ids,
+                action,
                 done=True,
                 truncated=action.finish_reason.is_truncated(),
-                finish_reason=action.finish_reason.value,
                 **step_images(images, set()),
             )
         )

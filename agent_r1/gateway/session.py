@@ -15,7 +15,7 @@ import secrets
 from typing import Any
 
 from agent_r1.agent.chat import content_text
-from agent_r1.agent.flow import common_prefix_len, step_images
+from agent_r1.agent.flow import action_step, common_prefix_len, step_images
 from agent_r1.records.schema import StepRecord
 from agent_r1.serving.openai_api import InvalidRequest, chat_message, render_messages
 from agent_r1.vision.images import Image, ImageError
@@ -111,19 +111,15 @@ class Session:
             finish = "length" if action.finish_reason.is_truncated() else "stop"
             msg, finish = chat_message(self.codec, action.text, tools is not None, finish)
             self.steps.append(
-                StepRecord(
-                    trajectory_id=self.trajectory_id,
-                    group_id=self.group_id,
-                    step_index=t,
-                    obs_token_ids=ids,
-                    action_token_ids=action.token_ids,
-                    action_logprobs=action.logprobs,
-                    action_mask=list(action.mask or []),
-                    policy_version=action.policy_version,
+                action_step(
+                    self.trajectory_id,
+                    self.group_id,
+                    t,
+                    ids,
+                    action,
                     prefix_len=common_prefix_len(ids, self._prev),
                     reward=0.0,
                     process_reward=[None] * len(msg.get("tool_calls", [])),
-                    finish_reason=action.finish_reason.value,
                     info={"rewrite": bool(t and new is None)},
                     **step_images(images, self._seen),
                 )
