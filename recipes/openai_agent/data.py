@@ -10,6 +10,7 @@ from recipes.arithmetic_tool import data as arithmetic
 
 AGENT = "openai_agent"
 AGENTS_SDK = "openai_agents_sdk"  # the same agent written with the OpenAI Agents SDK
+PLAIN_HTTP = "openai_plain_http"  # ... and with no SDK: the wire protocol over urllib
 TOOLS = arithmetic.TOOLS  # the agent's own calculator shows the model the same schema
 corpus = arithmetic.corpus
 demonstrations = arithmetic.demonstrations
@@ -18,9 +19,9 @@ demonstrations = arithmetic.demonstrations
 def build_rows(
     split: str = "train", num: int = 64, seed: int = 0, difficulty: int = 2, library: str = "openai"
 ) -> list[DataRow]:
-    """``library``: ``openai`` (``agent.py``: the SDK alone) or ``agents_sdk`` (``agents_sdk.py``:
-    the OpenAI Agents SDK)."""
-    agents = {"openai": AGENT, "agents_sdk": AGENTS_SDK}
+    """``library``: ``openai`` (``agent.py``: the SDK alone), ``agents_sdk`` (``agents_sdk.py``:
+    the OpenAI Agents SDK) or ``http`` (``plain_http.py``: no SDK)."""
+    agents = {"openai": AGENT, "agents_sdk": AGENTS_SDK, "http": PLAIN_HTTP}
     if library not in agents:
         raise ValueError(f"recipe openai_agent: library must be one of {sorted(agents)}, got {library!r}")
     rows = arithmetic.build_rows(split, num, seed, difficulty)

@@ -77,13 +77,18 @@ def test_the_sdk_agent_records_what_the_builtin_agent_records(codec):
     assert s0.info["rewrite"] is False and s1.info["rewrite"] is False
 
 
-def test_an_agents_sdk_agent_records_what_the_builtin_agent_records(codec):
+@pytest.mark.parametrize(
+    ("library", "agent"), [("agents_sdk", "openai_agents_sdk"), ("http", "openai_plain_http")]
+)
+def test_other_agent_programs_record_what_the_builtin_agent_records(codec, library, agent):
     """The same episode played by the OpenAI Agents SDK's ``Runner`` (the library keeps the history
-    and runs the tool loop): the same steps as the built-in agent, prefix-merged."""
-    pytest.importorskip("agents")
-    ext_row = openai_agent.build_rows("test", 1, seed=3, library="agents_sdk")[0]
+    and runs the tool loop), and by a program speaking the wire protocol over urllib: the same
+    steps as the built-in agent, prefix-merged."""
+    if library == "agents_sdk":
+        pytest.importorskip("agents")
+    ext_row = openai_agent.build_rows("test", 1, seed=3, library=library)[0]
     ref_row = arithmetic.build_rows("test", 1, seed=3)[0]
-    assert ext_row.agent_name == "openai_agents_sdk"
+    assert ext_row.agent_name == agent
     ext, _ = play(codec, ext_row, script_for(ext_row), max_steps=4)
     ref, _ = play(codec, ref_row, script_for(ref_row), max_steps=4)
     assert [s.obs_token_ids for s in ext.steps] == [s.obs_token_ids for s in ref.steps]

@@ -1,20 +1,23 @@
 #!/usr/bin/env python
 """Benchmark: the agent gateway's cost per step. The same arithmetic episodes (a correct two-step
-script: the calculator, then the boxed answer) played by the built-in tool agent and by the
-``openai_agent`` recipe's SDK program through the gateway (a forked process per episode, HTTP,
-the official ``openai`` client), against the same instant scripted policy, so what differs is the
-agent's own machinery. Both must record the same steps (checked) before their times count.
+script: the calculator, then the boxed answer) played by the built-in tool agent and, through the
+gateway (a forked process per episode, HTTP), by the ``openai_agent`` recipe's SDK program (the
+official ``openai`` client) and its plain-``urllib`` twin, against the same instant scripted
+policy, so what differs is the agent's own machinery. All must record the same steps (checked)
+before their times count.
 
     python tools/bench/gateway.py [--episodes 128] [--concurrency 32] [--repeat 3]
 
-Ends with ``BENCH gateway_step_arithmetic ms_per_step=... baseline=builtin_agent ratio=...``
-(the ratio: the gateway's time per step over the built-in agent's).
+Ends with ``BENCH gateway_step_arithmetic ms_per_step=... baseline=builtin_agent ratio=...`` (the
+SDK agent) and ``BENCH gateway_step_arithmetic_plain_http ...`` (the ratio: time per step over the
+built-in agent's).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -63,8 +66,10 @@ def main() -> None:
     config = FlowConfig(max_steps=4, sampling=SamplingParams(max_new_tokens=256))
     timings: dict[str, float] = {}
     steps: dict[str, list] = {}
-    for name in ("arithmetic_tool", "openai_agent"):
-        rows = load_recipe(name).build_rows("test", a.episodes, seed=0)
+    agents = {"builtin_agent": ("arithmetic_tool", {}), "openai_sdk": ("openai_agent", {}),
+              "plain_http": ("openai_agent", {"library": "http"})}  # fmt: skip
+    for name, (recipe, options) in agents.items():
+        rows = load_recipe(recipe).build_rows("test", a.episodes, seed=0, **options)
         policy = script_policy(codec, rows)
 
         async def play(rows=rows, policy=policy):
@@ -84,11 +89,19 @@ def main() -> None:
         print(
             f"{name}: {a.episodes} episodes, {n} steps, best of {a.repeat}: {best:.2f} s, {1e3 * best / n:.2f} ms/step"
         )
-    assert steps["arithmetic_tool"] == steps["openai_agent"], "the two agents recorded different observations"
+    for name in ("openai_sdk", "plain_http"):
+        assert steps[name] == steps["builtin_agent"], (
+            f"{name} recorded other observations than the built-in agent"
+        )
     cpu = next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name")), "?")
-    print(f"cpu: {cpu}; concurrency {a.concurrency}")
-    ms, base = 1e3 * timings["openai_agent"], 1e3 * timings["arithmetic_tool"]
-    print(f"BENCH gateway_step_arithmetic ms_per_step={ms:.2f} baseline=builtin_agent ratio={ms / base:.2f}")
+    print(f"cpu: {cpu} ({os.cpu_count()} cores); concurrency {a.concurrency}")
+    base = 1e3 * timings["builtin_agent"]
+    for name, bench in (
+        ("openai_sdk", "gateway_step_arithmetic"),
+        ("plain_http", "gateway_step_arithmetic_plain_http"),
+    ):
+        ms = 1e3 * timings[name]
+        print(f"BENCH {bench} ms_per_step={ms:.2f} baseline=builtin_agent ratio={ms / base:.2f}")
 
 
 if __name__ == "__main__":
