@@ -7,6 +7,7 @@ from pathlib import Path
 
 from agent_r1 import cli_args
 from agent_r1.commands.flags import add_api_key_flags, api_key
+from agent_r1.cpus import usable_cpus
 from agent_r1.logging import setup_logging
 
 
@@ -30,7 +31,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sv.add_argument(
         "--prefill-chunk", type=cli_args.positive_int, default=2048, help="prefill tokens per scheduler step"
     )
-    sv.add_argument("--threads", type=cli_args.positive_int, default=None, help="torch threads")
+    sv.add_argument(
+        "--threads",
+        type=cli_args.positive_int,
+        default=None,
+        help="torch threads (default: the cores this process may use: its CPU affinity, Slurm's --cpus-per-task)",
+    )
     sv.add_argument("--device", default="cpu", help="where the model and KV cache live: cpu, cuda, cuda:N")
     sv.add_argument(
         "--weight-ipc",
@@ -82,7 +88,7 @@ def run(a: argparse.Namespace) -> int:
         max_running=a.max_running,
         max_len=a.max_len,
         prefill_chunk=a.prefill_chunk,
-        threads=a.threads,
+        threads=a.threads or (usable_cpus() if a.device == "cpu" else None),
         device=a.device,
         weight_ipc=a.weight_ipc,
         api_key=api_key(a),

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent_r1.cpus import usable_cpus
 from agent_r1.errors import AgentR1Error, UsageError
 from agent_r1.launch.roles import (
     RoleSpec,
@@ -288,7 +289,8 @@ def train_local(cfg: TrainConfig) -> int:
     t0 = time.time()
     lock = RunLock(RunDir.at(default_run_dir(cfg)).create()).acquire()  # held until this process exits
     rd = prepare_run(cfg)
-    threads = max(1, (os.cpu_count() or 1) // cfg.parallel.learner_ranks)  # roles alternate in sync mode
+    # roles alternate in sync mode: the learner ranks share the cores this process may use
+    threads = max(1, usable_cpus() // cfg.parallel.learner_ranks)
     launcher = LocalLauncher(cfg, rd, threads_per_learner=threads)
     print(
         f"run dir: {rd.root}\nlogs:    {rd.logs}\nTensorBoard: tensorboard --logdir {rd.tensorboard}",

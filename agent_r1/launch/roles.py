@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent_r1.cpus import usable_cpus
 from agent_r1.rollout.served import helper_models
 from agent_r1.train.run_dir import RunDir, atomic_write_json, node_address, read_json
 from agent_r1.train.tasks import RoleTimeout
@@ -339,8 +340,8 @@ def _learner(cfg: Any, rd: RunDir, env: RoleEnv) -> int:
         raise ValueError(
             f"{env.world} learner ranks started but parallel.learner_ranks={cfg.parallel.learner_ranks}"
         )
-    threads = os.environ.get("AGENT_R1_THREADS") or os.environ.get("SLURM_CPUS_PER_TASK") or "1"
-    torch.set_num_threads(max(1, int(threads)))
+    threads = os.environ.get("AGENT_R1_THREADS")  # the local launcher's share; else the cores it may use
+    torch.set_num_threads(max(1, int(threads)) if threads else usable_cpus())
     bind_local_gpu(env.local_rank)  # before anything touches CUDA: NCCL and Megatron use this device
     lock = None
     if env.rank == 0 and os.environ.get("AGENT_R1_LAUNCHER") != "local":  # local: the launcher owns it
