@@ -8,12 +8,8 @@ import os
 import sys
 from typing import NoReturn
 
-from agent_r1.cpus import omp_defaults
-
-omp_defaults()  # before any command imports torch: libgomp reads its wait policy once, at load
-
-from agent_r1.commands import COMMANDS  # noqa: E402
-from agent_r1.errors import expected_failure, one_line  # noqa: E402
+from agent_r1.commands import COMMANDS
+from agent_r1.errors import expected_failure, one_line
 
 
 class Parser(argparse.ArgumentParser):

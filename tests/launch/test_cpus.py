@@ -30,12 +30,11 @@ def run(code: str, **env) -> str:
     return out.stdout.strip()
 
 
-def test_the_entry_point_sets_the_wait_policy_before_torch_loads():
-    """``agent-r1``'s module sets it before any command imports torch (libgomp reads it at load);
-    a user's own value wins; the roles the launcher starts inherit it."""
-    probe = "import sys, os, agent_r1.cli as c; t = 'torch' in sys.modules; c.build_parser(); print(t, os.environ['OMP_WAIT_POLICY'])"
-    assert run(probe) == "False PASSIVE"
-    assert run(probe, OMP_WAIT_POLICY="ACTIVE") == "False ACTIVE"
+def test_the_entry_point_loads_no_torch_before_the_command():
+    """libgomp reads ``OMP_WAIT_POLICY`` when torch loads: ``agent-r1`` leaves torch to the command
+    that needs it, so the user's value (PASSIVE on a shared node) is the one that counts."""
+    probe = "import sys, agent_r1.cli; print('torch' in sys.modules)"
+    assert run(probe) == "False"
 
 
 def test_a_process_narrowed_to_one_core_counts_one(tmp_path):
