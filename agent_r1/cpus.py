@@ -1,19 +1,20 @@
-"""The cores a process may use (every role sizes its torch threads from them), and what was
-measured of OpenMP's wait policy.
+"""The cores a process may use (every role sizes its torch threads from them), and the governor
+that chooses how many of them torch uses while a loop runs.
 
 ``usable_cpus``: the CPUs this process is allowed to run on (``os.sched_getaffinity``: what
 ``taskset``, cgroup cpusets and Slurm's binding leave it), at most Slurm's ``--cpus-per-task``
 (``SLURM_CPUS_PER_TASK``) — not ``os.cpu_count()``, the machine's.
 
-The OpenMP wait policy is left to the user (``OMP_WAIT_POLICY``, read by libgomp once, when torch
-loads; ``agent-r1`` imports torch only inside the command that needs it, so a value in the
-environment takes effect). Measured on a 2-core machine (``tools/bench/contention.py``,
-docs/performance.md): with the default policy torch's threads spin at every barrier, fastest when
-the machine is quiet and collapsing beside one busy process (the engine at 0.15x, the quickstart's
-warm start at 0.13x), because the teammate a spinning thread waits for is descheduled; PASSIVE
-holds beside the neighbour but costs 40-45 % on a quiet machine at 2 threads (futex wake-ups at
-every barrier), as much as giving up the second thread. Neither is a default that fits both
-cases; on a node whose cores are shared, set ``OMP_WAIT_POLICY=PASSIVE`` or fewer threads.
+``ThreadGovernor``: with OpenMP's default wait policy torch's threads spin at every barrier;
+fastest on a quiet machine, they collapse when another process takes a core (the teammate a
+spinning thread waits for is descheduled: the engine fell to 0.10x, the quickstart's warm start to
+0.13x beside one busy loop on 2 cores). ``OMP_WAIT_POLICY=PASSIVE`` holds there but costs about
+what the second thread buys on a quiet machine (0.54x), and no spin count keeps both. The governor
+keeps the default policy and chooses the thread count (1 or all) from the loop's own step times:
+0.96x quiet, and beside the busy loop the engine holds 0.43x of its quiet speed and the warm start
+0.60x (docs/performance.md). The embedded engine's scheduler and the learner's optimizer steps run
+under one on a CPU. A user's ``OMP_WAIT_POLICY`` still reaches libgomp: ``agent-r1`` imports torch
+only inside the command that needs it.
 """
 
 from __future__ import annotations
@@ -30,3 +31,75 @@ def usable_cpus() -> int:
     if slurm.isdigit() and int(slurm) > 0:
         n = min(n, int(slurm))
     return max(1, n)
+
+
+class ThreadGovernor:
+    """Chooses torch's thread count while a loop runs, from the loop's own step times.
+
+    With OpenMP's default policy, several threads are fastest on a quiet machine and collapse when
+    another process takes a core (a thread spins at every barrier for a teammate the kernel
+    descheduled); one thread never waits for anyone. So the loop runs at its best count and now
+    and then runs two steps at the other one (1 or ``threads``); it switches when the second of
+    them costs a quarter less per unit of work than recent steps of the same size (sizes in
+    powers of two: per-token costs differ with the batch). The first probe comes after ``first``
+    steps; a probe that confirms the current count makes the wait four times longer (up to
+    ``most``), a switch resets it, so a steady machine pays less and less for probing and a change
+    is caught within ``most`` steps. Call ``pick`` before a step and ``record`` after it, in the
+    thread that runs the step (OpenMP settings are per thread)."""
+
+    def __init__(self, threads: int, first: int = 8, most: int = 512, margin: float = 0.75):
+        self.threads, self.first, self.most, self.margin = threads, first, most, margin
+        self.best = threads
+        self.recent: dict[int, float] = {}  # size bucket -> cost per unit of work at ``best``
+        self.wait = first  # steps until the next probe
+        self.interval = first
+        self.probe: list[tuple[int, float]] = []
+        self.probing = False
+        self.switches = 0
+
+    @property
+    def active(self) -> bool:
+        return self.threads > 1
+
+    @property
+    def other(self) -> int:
+        return 1 if self.best > 1 else self.threads
+
+    def _set(self, n: int) -> None:
+        import torch
+
+        if torch.get_num_threads() != n:
+            torch.set_num_threads(n)
+
+    def pick(self) -> int:
+        if not self.active:
+            return self.threads
+        if not self.probing and self.recent:
+            self.wait -= 1
+            self.probing = self.wait <= 0
+        n = self.other if self.probing else self.best
+        self._set(n)
+        return n
+
+    def record(self, seconds: float, work: int) -> None:
+        if not self.active or work <= 0:
+            return
+        size, cost = work.bit_length(), seconds / work
+        if not self.probing:
+            old = self.recent.get(size)
+            self.recent[size] = cost if old is None else 0.7 * old + 0.3 * cost
+            return
+        self.probe.append((size, cost))
+        if len(self.probe) < 2:  # the second counts: the first may pay for waking threads
+            return
+        (size, cost), self.probe, self.probing = self.probe[1], [], False
+        if size not in self.recent:  # nothing of its size to compare with: probe again soon
+            self.wait = self.first
+            return
+        if cost < self.margin * self.recent[size]:
+            self.best, self.recent = self.other, {size: cost}
+            self.switches += 1
+            self.interval = self.first
+        else:
+            self.interval = min(4 * self.interval, self.most)
+        self.wait = self.interval

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 
 from agent_r1.algos.losses import LossConfig, LossInputs, loss_config, policy_loss
+from agent_r1.cpus import ThreadGovernor
 from agent_r1.learner.checkpoint_files import (
     CheckpointError,
     first_nonfinite,
@@ -91,6 +93,8 @@ class Actor:
         # checks it): SGLang and the embedded engine return them under softmax(logits / T)
         self.temperature = temperature
         self.device = learner_device()
+        threads = torch.get_num_threads()
+        self.governor = ThreadGovernor(threads) if self.device.type == "cpu" and threads > 1 else None
         self.hf_config = AutoConfig.from_pretrained(self.hf_dir)
         self.train_vision = bool(train_vision and trainable)
         model_parallel_cuda_manual_seed(seed)
@@ -312,6 +316,25 @@ class Actor:
         return out if ps.is_pipeline_last_stage() else None
 
     def train_step(
+        self,
+        micro: list[Packed],
+        targets: PolicyTargets | None,
+        loss_name: str = "ppo",
+        loss_cfg: LossConfig | None = None,
+        denom: float | None = None,
+    ) -> tuple[dict[str, float], torch.Tensor | None]:
+        """``_train_step``, its torch thread count chosen by the governor on a CPU (1 or the
+        process's threads, from measured step times: ``cpus.ThreadGovernor``)."""
+        gov = self.governor
+        if gov is None:
+            return self._train_step(micro, targets, loss_name, loss_cfg, denom)
+        gov.pick()
+        t0 = time.perf_counter()
+        out = self._train_step(micro, targets, loss_name, loss_cfg, denom)
+        gov.record(time.perf_counter() - t0, sum(int(mb.tokens.numel()) for mb in micro))
+        return out
+
+    def _train_step(
         self,
         micro: list[Packed],
         targets: PolicyTargets | None,

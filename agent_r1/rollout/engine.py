@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from agent_r1.checkpoint_names import unstack_experts
+from agent_r1.cpus import ThreadGovernor
 from agent_r1.rollout.sampling import Sampling, is_token_id, sample_batch
 from agent_r1.rollout.slot_model import SlotModel
 from agent_r1.rollout.vision import VisionTower
@@ -169,7 +170,11 @@ class Engine:
         prefix_cache_tokens: int = 32768,
         threads: int | None = None,
         device: str = "cpu",
+        adapt_threads: bool = True,
     ):
+        """``threads``: torch threads of the scheduler thread; with ``adapt_threads`` (CPU, more
+        than one thread) the count is chosen step by step between 1 and ``threads`` from measured
+        step times (``cpus.ThreadGovernor``: many threads collapse when the cores are shared)."""
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
         if dtype not in ("float32", "bfloat16"):
@@ -177,6 +182,8 @@ class Engine:
         if threads:
             torch.set_num_threads(threads)
         self._threads = threads  # None: torch's default in the main thread, 1 in a background thread
+        adapt = adapt_threads and device == "cpu" and bool(threads) and threads > 1
+        self.governor = ThreadGovernor(threads) if adapt else None
         self.model_dir = str(model_dir)
         self.dtype = dtype
         self.device = torch.device(device)  # the model and KV cache; sampling stays on the host
@@ -501,10 +508,19 @@ class Engine:
     def step(self) -> None:
         """One scheduler step (called with the lock held)."""
         self.stats["steps"] += 1
+        gov = self.governor
+        if gov is not None:
+            gov.pick()
+            t0 = time.perf_counter()
+            prefilled, generated = self.stats["prefill_tokens"], self.stats["generated_tokens"]
         self._admit()
         self._prefill()
         self._decode()
         self._retire()
+        if gov is not None and self.stats["prefill_tokens"] == prefilled:
+            # decode-only steps are timed (per token generated): a step that also prefilled has
+            # another cost per token, and comparing the two would mislead the choice
+            gov.record(time.perf_counter() - t0, self.stats["generated_tokens"] - generated)
 
     def _retract_running(self) -> list[Request]:
         """Put every running request back at the head of the queue; its KV is recomputed when it

@@ -46,3 +46,55 @@ def test_a_process_narrowed_to_one_core_counts_one(tmp_path):
         pytest.skip("one core: nothing to narrow")
     code = "import os; os.sched_setaffinity(0, {0}); from agent_r1.cpus import usable_cpus; print(usable_cpus(), os.cpu_count())"
     assert run(code) == f"1 {os.cpu_count()}"
+
+
+class Machine:
+    """A loop's step costs per token at each thread count, as the governor would measure them."""
+
+    def __init__(self, costs: dict[int, float]):
+        self.costs = costs
+
+    def run(self, gov, steps: int, work: int = 16) -> list[int]:
+        used = []
+        for _ in range(steps):
+            n = gov.pick()
+            used.append(n)
+            gov.record(self.costs[n] * work, work)
+        return used
+
+
+def governor():
+    from agent_r1.cpus import ThreadGovernor
+
+    g = ThreadGovernor(2)
+    g._set = lambda n: None  # the counts are what is under test, not torch's
+    return g
+
+
+def test_the_governor_keeps_the_threads_on_a_quiet_machine_and_probes_ever_less():
+    g = governor()
+    used = Machine({2: 1.0, 1: 1.6}).run(g, 2000)
+    assert g.best == 2 and g.switches == 0
+    probes = used.count(1)
+    assert 0 < probes <= 2 * 6  # waits of 8, 32, 128, 512, 512, ...: a probe (two steps) each
+    assert used[-300:].count(1) <= 2
+
+
+def test_the_governor_drops_to_one_thread_when_a_core_is_taken_and_comes_back():
+    g = governor()
+    busy = Machine({2: 7.0, 1: 1.7})  # spinning threads waiting for a descheduled teammate
+    used = busy.run(g, 12)
+    assert g.best == 1 and g.switches == 1 and used[-1] == 1  # within the first probe
+    busy.run(g, 1000)
+    assert g.best == 1 and g.switches == 1  # probes of 2 threads keep losing
+    quiet = Machine({2: 1.0, 1: 1.6})
+    used = quiet.run(g, 600)  # the neighbour left: back within the longest wait
+    assert g.best == 2 and g.switches == 2 and used[-1] == 2
+
+
+def test_a_probe_is_compared_only_with_steps_of_its_size():
+    """Per-token costs fall with the batch: a probe of another size says nothing."""
+    g = governor()
+    Machine({2: 4.0, 1: 6.0}).run(g, 8, work=2)  # small batches: dear per token
+    Machine({2: 1.0, 1: 1.6}).run(g, 2, work=64)  # the probe lands on a big batch
+    assert g.best == 2 and g.switches == 0

@@ -99,20 +99,21 @@ ALLOWED = {
     "errors": set(),
     "registry": set(),
     "process": set(),
-    "forkserver": set(),  # children forked from a pre-imported process (agent programs, sandboxed code)
+    "forkserver": set(),
+    "cpus": set(),  # the cores a process may use; choosing torch's thread count while running  # children forked from a pre-imported process (agent programs, sandboxed code)
     "vision": set(),
     "algos": {"registry"},
     "records": set(),
     "jsonfiles": set(),
     "checkpoint_names": set(),  # a model's tensors under its checkpoint's names (stacked experts)
     "service": {"jsonfiles"},  # the HTTP service kit and the addresses services publish
-    "rollout": {"records", "process", "vision", "service", "checkpoint_names"},
+    "rollout": {"records", "process", "vision", "service", "checkpoint_names", "cpus"},
     "retrieval": {"jsonfiles", "service"},
     "tools": {"registry", "retrieval", "vision", "forkserver"},
     "rewards": {"registry"},
     "data": {"records", "vision"},
     "agent": {"rollout", "records", "data", "tools", "rewards", "registry", "vision"},
-    "learner": {"algos", "records", "vision", "checkpoint_names"},
+    "learner": {"algos", "records", "vision", "checkpoint_names", "cpus"},
     "serving": {"agent", "rollout", "vision", "service"},
     # agent programs through an OpenAI-compatible endpoint: an agent flow built on the serving routes
     "gateway": {"agent", "serving", "records", "data", "vision", "service", "forkserver"},
