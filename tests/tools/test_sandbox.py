@@ -83,7 +83,8 @@ needs_root = pytest.mark.skipif(not isolation()["namespaces"], reason="namespace
 
 @needs_root
 def test_no_writes_outside_the_scratch_folder_and_a_private_tmp(tmp_path):
-    target = Path.cwd() / "sandbox-escape"
+    # /etc: a root-owned folder outside /tmp (a checkout under /tmp is hidden by the private tmpfs)
+    target = Path("/etc") / "agent-r1-sandbox-escape"
     r, _ = run(f"open({str(target)!r}, 'w').write('x')")
     assert "PermissionError" in r.error and not target.exists()
     r, _ = run(
