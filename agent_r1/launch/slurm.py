@@ -66,13 +66,13 @@ def layout(cfg: TrainConfig) -> Layout:
     if not c.colocated:
         if c.rollout_nodes < 1:
             raise ConfigError("config cluster.rollout_nodes must be >= 1 (or cluster.colocated=true)")
-        if r.engine == "sglang" and c.gpus_per_node and r.servers % c.rollout_nodes:
+        if r.engine in ("sglang", "vllm") and c.gpus_per_node and r.servers % c.rollout_nodes:
             raise ConfigError(
                 f"config rollout.servers={r.servers} must split evenly over cluster.rollout_nodes={c.rollout_nodes}"
             )
     if r.engine == "external":
         raise ConfigError(
-            "config rollout.engine=external: the servers are not part of the job; use embedded or sglang"
+            "config rollout.engine=external: the servers are not part of the job; use embedded, sglang or vllm"
         )
     return Layout(c.learner_nodes, per_node, c.rollout_nodes, r.servers, r.workers, c.colocated)
 

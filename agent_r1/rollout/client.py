@@ -1,10 +1,10 @@
-"""RolloutClient: the agent layer's ``generate`` over SGLang-compatible servers.
+"""RolloutClient: the agent layer's ``generate`` over rollout servers (SGLang's API, or vLLM's).
 
 Many servers (least-loaded choice, sticky per trajectory so a multi-step episode reuses its
 server's prefix cache) or one ``sglang-router`` in front. Failed requests (connection errors,
 5xx, timeouts) are retried on another server; 400s are the caller's fault and raise at once.
-The same code drives real SGLang servers and the embedded engine: ``/generate`` has no branch on
-server type.
+The same code drives real SGLang servers, the embedded engine and vLLM: what differs between their
+APIs lives in one ``ServerAPI`` (``server_api.py``), chosen by ``api``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import Any
 import aiohttp
 
 from agent_r1.errors import AgentR1Error
-from agent_r1.rollout.protocol import Completion, FinishReason, SamplingParams
+from agent_r1.rollout.protocol import Completion, SamplingParams
+from agent_r1.rollout.server_api import ServerAPI, server_api
 
 
 class RolloutError(AgentR1Error, RuntimeError):
@@ -30,11 +31,13 @@ class RequestRejected(AgentR1Error, ValueError):
     """The server answered 400: the request itself is invalid (message from the server)."""
 
 
-async def probe(urls: list[str], path: str, timeout_s: float = 10.0, api_key: str | None = None) -> list[Any]:
+async def probe(
+    urls: list[str], path: str, timeout_s: float = 10.0, api_key: str | None = None, api: str = "sglang"
+) -> list[Any]:
     """GET ``path`` on every server at once, no retries: each answer, or the exception it raised."""
     if not urls:
         return []
-    client = RolloutClient(servers=urls, timeout_s=timeout_s, max_retries=0, api_key=api_key)
+    client = RolloutClient(servers=urls, timeout_s=timeout_s, max_retries=0, api_key=api_key, api=api)
     try:
         return await asyncio.gather(*(client.get(u, path) for u in urls), return_exceptions=True)
     finally:
@@ -44,30 +47,19 @@ async def probe(urls: list[str], path: str, timeout_s: float = 10.0, api_key: st
 def weight_version(info: Any) -> int:
     """The integer weight version in a ``/get_model_info`` answer (SGLang reports it there as a
     string); -1 for anything else (an error, a non-numeric version)."""
-    v = info.get("weight_version") if isinstance(info, dict) else None
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return -1
+    return server_api("sglang").version(info)
 
 
-async def server_versions(urls: list[str], api_key: str | None = None) -> dict[str, int]:
-    """Weight version of every server that answers ``/get_model_info`` (dead ones are left out)."""
-    answers = await probe(urls, "/get_model_info", api_key=api_key)
-    return {u: weight_version(a) for u, a in zip(urls, answers, strict=True) if isinstance(a, dict)}
+async def server_versions(urls: list[str], api_key: str | None = None, api: str = "sglang") -> dict[str, int]:
+    """Weight version of every server that answers (dead ones are left out)."""
+    a = server_api(api)
+    answers = await probe(urls, a.version_path, api_key=api_key, api=api)
+    return {u: a.version(x) for u, x in zip(urls, answers, strict=True) if isinstance(x, dict)}
 
 
 def to_completion(out: dict[str, Any]) -> Completion:
-    meta = out["meta_info"]
-    fr = (meta.get("finish_reason") or {}).get("type", "abort")
-    reason = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}.get(
-        fr, FinishReason.ERROR
-    )
-    triples = meta.get("output_token_logprobs")
-    ids = out.get("output_ids") or ([t[1] for t in triples] if triples else [])
-    logprobs = [float(t[0]) for t in triples] if triples else [0.0] * len(ids)
-    version = str(meta.get("weight_version", "0"))
-    return Completion(list(ids), logprobs, reason, int(version) if version.isdigit() else 0)
+    """An SGLang ``/generate`` answer as a ``Completion``."""
+    return server_api("sglang").completion(out)
 
 
 class RolloutClient:
@@ -79,8 +71,10 @@ class RolloutClient:
         max_retries: int = 3,
         cooldown_s: float = 5.0,
         api_key: str | None = None,
+        api: str | ServerAPI = "sglang",
     ):
-        """``api_key``: sent as ``Authorization: Bearer KEY`` (servers started with ``--api-key``)."""
+        """``api_key``: sent as ``Authorization: Bearer KEY`` (servers started with ``--api-key``);
+        ``api``: the servers' API (a ``rollout.engine`` name or a ``ServerAPI``)."""
         if not servers and not router:
             raise ValueError("RolloutClient needs servers or a router URL")
         self.servers = [s.rstrip("/") for s in servers or []]
@@ -94,6 +88,7 @@ class RolloutClient:
         self.disabled: set[str] = set()  # e.g. servers that missed a weight update
         self._session: aiohttp.ClientSession | None = None
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.api = server_api(api) if isinstance(api, str) else api
 
     # ---- plumbing --------------------------------------------------------------------------------
     async def _http(self) -> aiohttp.ClientSession:
@@ -142,9 +137,15 @@ class RolloutClient:
             return json.loads(text) if resp.content_type == "application/json" else text
 
     # ---- generate ---------------------------------------------------------------------------------
-    async def generate_raw(self, payload: dict[str, Any], session: str | None = None) -> Any:
-        """POST /generate with retries on other servers; returns SGLang's JSON."""
-        rid = payload.setdefault("rid", uuid.uuid4().hex)
+    async def generate_raw(
+        self, payload: dict[str, Any], session: str | None = None, path: str = "/generate"
+    ) -> Any:
+        """POST a generate body with retries on other servers; returns the server's JSON."""
+        return (await self._generate(path, payload, session))[1]
+
+    async def _generate(self, path: str, payload: dict[str, Any], session: str | None) -> tuple[str, Any]:
+        """(the server that answered, its JSON)."""
+        rid = payload.setdefault(self.api.rid_field, uuid.uuid4().hex)
         tried: set[str] = set()
         errors: list[str] = []
         for _ in range(max(1, self.max_retries if self.router is None else 1 + self.max_retries)):
@@ -155,7 +156,7 @@ class RolloutClient:
             self.inflight[server] = self.inflight.get(server, 0) + 1
             self.rid_server[rid] = server
             try:
-                return await self.post(server, "/generate", payload)
+                return server, await self.post(server, path, payload)
             except aiohttp.ClientResponseError as e:
                 if e.status == 400:
                     raise RequestRejected(f"{server} rejected the request: {e.message}") from None
@@ -177,14 +178,12 @@ class RolloutClient:
         session: str | None = None,
         images: list[Any] | None = None,
     ) -> Completion:
-        payload = {
-            "input_ids": list(token_ids),
-            "sampling_params": sampling.to_sglang(),
-            "return_logprob": True,
-        }
-        if images:  # SGLang's field: one base64 image per <|image_pad|> run, in order
-            payload["image_data"] = [im.base64() for im in images]
-        return to_completion(await self.generate_raw(payload, session))
+        req = self.api.generate(token_ids, sampling, images)
+        server, out = await self._generate(req.path, req.body, session)
+        done = self.api.completion(out)
+        if not self.api.version_in_answer:  # the weights it finished with: the server's version now
+            done.policy_version = max(self.api.version(await self.get(server, self.api.version_path)), 0)
+        return done
 
     def session(self, session_id: str):
         """A ``GenerateFn`` bound to one trajectory: its steps stick to one server."""
@@ -210,18 +209,18 @@ class RolloutClient:
             if rid and rid in self.rid_server and not self.router
             else await self.workers()
         )
-        body = {"rid": rid or "", "abort_all": rid is None}
-        await asyncio.gather(*(self.post(s, "/abort_request", body) for s in targets))
+        req = self.api.abort(rid)
+        await asyncio.gather(*(self.post(s, req.path, req.body) for s in targets))
 
     async def wait_ready(self, timeout_s: float = 120.0) -> None:
-        """Poll ``/health_generate`` on every server until all answer 200."""
+        """Poll the health route on every server until all answer 200."""
         deadline = time.monotonic() + timeout_s
         pending = set(await self.workers()) if self.router else set(self.servers)
         last = ""
         while pending:
             for s in list(pending):
                 try:
-                    await self.get(s, "/health_generate")
+                    await self.get(s, self.api.health_path)
                     pending.discard(s)
                 except (aiohttp.ClientError, TimeoutError) as e:
                     last = f"{s}: {e}"

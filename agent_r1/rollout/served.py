@@ -35,6 +35,7 @@ class ServedModel:
     urls: Callable[[], list[str]]
     api_key: str | None = None
     wait_s: float = 300.0
+    api: str = "sglang"  # the servers' API (a rollout.engine name)
 
     async def client(self, timeout_s: float = 300.0) -> RolloutClient:
         """A client over the model's current servers; waits up to ``wait_s`` for the first one."""
@@ -43,7 +44,7 @@ class ServedModel:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no server of the {self.name!r} model came up within {self.wait_s:.0f}s")
             await asyncio.sleep(0.5)
-        return RolloutClient(servers=urls, timeout_s=timeout_s, api_key=self.api_key)
+        return RolloutClient(servers=urls, timeout_s=timeout_s, api_key=self.api_key, api=self.api)
 
 
 def helper_models(cfg: Any) -> dict[str, str]:
@@ -59,7 +60,7 @@ def run_models(cfg: Any, rd: Any) -> dict[str, ServedModel]:
     addresses are read at every use: nothing is asked before an episode needs it."""
     key, wait = rd.api_key(), cfg.rollout.ready_timeout_s
     urls = (lambda: _router(rd)) if cfg.rollout.router else (lambda: published_urls(rd.servers))
-    models = {"policy": ServedModel("policy", cfg.model.path, urls, key, wait)}
+    models = {"policy": ServedModel("policy", cfg.model.path, urls, key, wait, cfg.rollout.engine)}
     for name, path in helper_models(cfg).items():
         models[name] = ServedModel(
             name, path, functools.partial(published_urls, rd.helper_dir(name)), key, wait

@@ -4,21 +4,12 @@ so clients, workers and the coordinator cannot tell them apart."""
 
 from __future__ import annotations
 
-import logging
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent_r1.process import die_with_parent, wait_or_stop
-from agent_r1.service import write_ready
-
-log = logging.getLogger("agent_r1.sglang")
+from agent_r1.rollout.upstream import UpstreamServer, free_port
 
 
 @dataclass
@@ -63,12 +54,6 @@ def sglang_command(
     return cmd + list(cfg.extra_args)
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def run_sglang(
     model: str,
     host: str,
@@ -83,33 +68,7 @@ def run_sglang(
 ) -> int:
     """Start SGLang (its output in ``log_file``), wait until ``/health_generate`` answers, publish
     ``{"url"}`` in ``ready_file``, then wait for it; SIGTERM stops it."""
-    port = _free_port(host)
+    port = free_port(host)
+    server = UpstreamServer("sglang", f"http://{host}:{port}", "/health_generate", model)
     cmd = sglang_command(model, host, port, context_length, dtype, cfg, api_key)
-    with log_file.open("ab") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ}, preexec_fn=die_with_parent()
-        )
-    signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
-    url = f"http://{host}:{port}"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    deadline = time.time() + ready_timeout_s
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"sglang.launch_server exited with {proc.returncode} before it was ready: see {log_file}"
-            )
-        try:
-            with urllib.request.urlopen(
-                urllib.request.Request(f"{url}/health_generate", headers=headers), timeout=30
-            ) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if time.time() > deadline:
-            proc.kill()
-            raise TimeoutError(f"SGLang at {url} not healthy within {ready_timeout_s:.0f} s: see {log_file}")
-        time.sleep(2)
-    write_ready(ready_file, url, model=model, engine="sglang")
-    log.info("SGLang serving %s at %s (log %s)", model, url, log_file)
-    return wait_or_stop(proc, stop_when)
+    return server.run(cmd, dict(os.environ), ready_file, log_file, ready_timeout_s, api_key, stop_when)

@@ -23,6 +23,7 @@ from agent_r1.errors import UsageError
 from agent_r1.learner.optim import OptimConfig
 from agent_r1.rollout.served import RESERVED
 from agent_r1.rollout.sglang import SGLangConfig
+from agent_r1.rollout.vllm import VLLMConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 # keys that moved to another slice: a config naming the old key is told the new one
@@ -192,7 +193,7 @@ class AlgorithmConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = "embedded"  # embedded (agent-r1 serve) | sglang | external (urls)
+    engine: str = "embedded"  # embedded (agent-r1 serve) | sglang | vllm | external (urls)
     servers: int = 1  # rollout servers started by the launcher
     workers: int = 1  # rollout worker processes (agent flows, environments, tools)
     urls: list[str] = field(default_factory=list)  # engine=external: running servers
@@ -207,6 +208,7 @@ class RolloutConfig:
     ready_timeout_s: float = 300.0
     server_cpus: int = 1  # torch threads per embedded server
     sglang: SGLangConfig = field(default_factory=SGLangConfig)  # engine=sglang: launch flags
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)  # engine=vllm: launch flags
     router: bool = False  # the real sglang-router in front of the servers (workers talk to it)
     router_policy: str = "cache_aware"  # random | round_robin | cache_aware | power_of_two
     # other models served beside the policy, each by a role of its name, e.g. {selector: HF_DIR}
@@ -218,9 +220,20 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         _check(
-            self.engine in ("embedded", "sglang", "external"),
+            self.engine in ("embedded", "sglang", "vllm", "external"),
             "rollout.engine",
-            f"embedded, sglang or external, got {self.engine!r}",
+            f"embedded, sglang, vllm or external, got {self.engine!r}",
+        )
+        _check(
+            self.engine != "vllm" or not self.router,
+            "rollout.router",
+            "the sglang-router routes SGLang's API; with engine=vllm the workers spread requests themselves",
+        )
+        _check(
+            self.engine != "vllm" or self.weight_sync == "distributed",
+            "rollout.weight_sync",
+            "engine=vllm pushes through vLLM's weight-transfer API (a server without those routes reloads "
+            "from the run's exported weights by itself); leave weight_sync=distributed",
         )
         _check(
             self.engine != "external" or bool(self.urls), "rollout.urls", "engine=external needs server urls"

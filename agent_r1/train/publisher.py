@@ -16,6 +16,8 @@ import time
 from typing import Any
 
 from agent_r1.rollout.client import probe, server_versions
+from agent_r1.rollout.server_api import server_api
+from agent_r1.rollout.vllm import VLLMWeightPush
 from agent_r1.rollout.weight_sync import (
     WeightSyncError,
     WeightUpdateGroup,
@@ -30,6 +32,10 @@ from agent_r1.train.tasks import RoleTimeout
 log = logging.getLogger("agent_r1.publisher")
 
 
+# the servers' API -> the trainer's end of their distributed weight push
+PUSHES = {"sglang": WeightUpdateGroup, "vllm": VLLMWeightPush}
+
+
 class WeightPublisher:
     RESYNC_EVERY_S = 2.0  # how often a waiting coordinator looks for servers that lack the weights
 
@@ -42,13 +48,14 @@ class WeightPublisher:
         # the weights the servers must have: a restarted or new server is brought to them
         self.pushed: tuple[int, dict[str, Any]] | None = None
         self.backend = "gloo"  # of the weight-update group; NCCL once weights are on a GPU
+        self.api = server_api(cfg.rollout.engine).name
         self.last_push: dict[str, float] = {}
 
     def resync(self, min_version: int) -> int:
         """Push the current weights to every live server that lacks them (a restarted server starts
         from the model on disk); returns how many live servers have at least ``min_version``."""
         urls = published_urls(self.rd.servers)
-        versions = self.loop.run_until_complete(server_versions(urls, self.api_key))
+        versions = self.loop.run_until_complete(server_versions(urls, self.api_key, self.api))
         if self.pushed is not None:
             version, named = self.pushed
             late = [u for u, v in versions.items() if v < version]
@@ -117,13 +124,7 @@ class WeightPublisher:
             )
             self._prune_weights(version)
         elif late:
-            group = WeightUpdateGroup(
-                servers,
-                node_address(),
-                backend=self.backend,
-                group_name=f"late_{version}_{time.time_ns()}",
-                api_key=self.api_key,
-            )
+            group = self._group(servers, f"late_{version}_{time.time_ns()}")
             try:
                 self.loop.run_until_complete(group.init(timeout_s=self.cfg.rollout.ready_timeout_s))
                 self.loop.run_until_complete(
@@ -157,12 +158,13 @@ class WeightPublisher:
             return
         self._drop_group()
 
-        self.group = WeightUpdateGroup(
-            servers, master_address=node_address(), backend=self.backend, api_key=self.api_key
-        )
+        self.group = self._group(servers, "weight_update_group")
         self.loop.run_until_complete(self.group.init(timeout_s=self.cfg.rollout.ready_timeout_s))
         self.group_servers = list(servers)
         log.info("weight update group with %d server(s)", len(servers))
+
+    def _group(self, servers: list[str], name: str):
+        return PUSHES[self.api](servers, node_address(), self.backend, name, api_key=self.api_key)
 
     def _drop_group(self) -> None:
         if self.group is not None:

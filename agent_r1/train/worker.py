@@ -24,7 +24,7 @@ log = logging.getLogger("agent_r1.worker")
 
 
 async def servers_with_version(
-    urls_fn, version: int, timeout_s: float, api_key: str | None = None
+    urls_fn, version: int, timeout_s: float, api_key: str | None = None, api: str = "sglang"
 ) -> list[str]:
     """Servers (re-discovered while waiting) that answer and have at least ``version``."""
     from agent_r1.rollout.client import server_versions
@@ -32,7 +32,7 @@ async def servers_with_version(
     deadline = time.time() + timeout_s
     while True:
         urls = urls_fn()
-        ok = [u for u, v in (await server_versions(urls, api_key)).items() if v >= version]
+        ok = [u for u, v in (await server_versions(urls, api_key, api)).items() if v >= version]
         if ok:
             return ok
         if time.time() > deadline:
@@ -178,6 +178,7 @@ class Worker:
                 task.weight_version,
                 self.cfg.trainer.timeout_s,
                 self.api_key,
+                rc.engine,
             )
             router = (
                 follow_published(self.rd.router_file, rc.ready_timeout_s, "router")() if rc.router else None
@@ -187,6 +188,7 @@ class Worker:
                 router=router,
                 timeout_s=rc.request_timeout_s,
                 api_key=self.api_key,
+                api=rc.engine,
             )
             try:
                 return await run_episodes(

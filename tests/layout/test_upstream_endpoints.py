@@ -1,6 +1,8 @@
 """Every HTTP endpoint the rollout, weight-sync and training code calls is one upstream SGLang 0.5.x
 serves (or, for ``/workers``, one ``sglang-router`` serves): read from the code with ``ast``, so a
-call to an endpoint only the embedded server has (``/get_weight_version``) fails here."""
+call to an endpoint only the embedded server has (``/get_weight_version``) fails here. The routes of
+the client's SGLang API (``server_api.SGLangAPI``) are asked from the object itself; those of its
+vLLM API are checked against vLLM's own routes in ``tests/contract/test_vllm.py``."""
 
 from __future__ import annotations
 
@@ -35,8 +37,23 @@ def _paths_in(node: ast.AST) -> list[str]:
     return []
 
 
+def sglang_api_endpoints() -> list[str]:
+    from agent_r1.rollout.protocol import SamplingParams
+    from agent_r1.rollout.server_api import SGLangAPI
+
+    api = SGLangAPI()
+    return [
+        api.generate([1], SamplingParams(), None).path,
+        api.abort(None).path,
+        api.health_path,
+        api.version_path,
+    ]
+
+
 def called_endpoints() -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
+    out: dict[str, list[str]] = {
+        p: ["agent_r1/rollout/server_api.py: SGLangAPI"] for p in sglang_api_endpoints()
+    }
     for path in CALLERS:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call):
