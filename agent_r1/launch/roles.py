@@ -138,7 +138,7 @@ class RoleSpec:
         return list(where.glob("*.json")) if where.suffix != ".json" else [where]
 
 
-def _serve_embedded(r: RoleRun, model: str, ready: Path) -> int:
+def _serve_embedded(r: RoleRun, model: str, ready: Path, engine: str) -> int:
     from agent_r1.rollout.server import serve
 
     cfg, rd = r.cfg, r.rd
@@ -158,29 +158,23 @@ def _serve_embedded(r: RoleRun, model: str, ready: Path) -> int:
     return 0
 
 
-def _serve_sglang(r: RoleRun, model: str, ready: Path) -> int:
+def _serve_upstream(r: RoleRun, model: str, ready: Path, engine: str) -> int:
+    """SGLang or vLLM as a child process (its launch flags: ``rollout.<engine>``)."""
     from agent_r1.rollout.sglang import run_sglang
-
-    cfg, rd = r.cfg, r.rd
-    return run_sglang(
-        model, r.env.address, ready, rd.logs / f"{r.name}.sglang.log", cfg.model.max_len, cfg.model.dtype,
-        cfg.rollout.sglang, cfg.rollout.ready_timeout_s, rd.api_key(), stop_when=lambda: rd.shutdown_flag.exists(),
-    )  # fmt: skip
-
-
-def _serve_vllm(r: RoleRun, model: str, ready: Path) -> int:
     from agent_r1.rollout.vllm import run_vllm
 
     cfg, rd = r.cfg, r.rd
-    return run_vllm(
-        model, r.env.address, ready, rd.logs / f"{r.name}.vllm.log", cfg.model.max_len, cfg.model.dtype,
-        cfg.rollout.vllm, cfg.rollout.ready_timeout_s, rd.api_key(), stop_when=lambda: rd.shutdown_flag.exists(),
+    run = {"sglang": run_sglang, "vllm": run_vllm}[engine]
+    return run(
+        model, r.env.address, ready, rd.logs / f"{r.name}.{engine}.log", cfg.model.max_len, cfg.model.dtype,
+        getattr(cfg.rollout, engine), cfg.rollout.ready_timeout_s, rd.api_key(),
+        stop_when=lambda: rd.shutdown_flag.exists(),
     )  # fmt: skip
 
 
 # rollout.engine -> the body of a policy server; helper models (teacher, judge, summariser) speak
 # SGLang's API, so under engine=vllm they run on the embedded engine
-SERVERS = {"embedded": _serve_embedded, "sglang": _serve_sglang, "vllm": _serve_vllm}
+SERVERS = {"embedded": _serve_embedded, "sglang": _serve_upstream, "vllm": _serve_upstream}
 HELPER_ENGINE = {"vllm": "embedded"}
 
 
@@ -192,7 +186,7 @@ def _serve_model(r: RoleRun) -> int:
     else:
         engine = HELPER_ENGINE.get(cfg.rollout.engine, cfg.rollout.engine)
         folder, model = rd.helper_dir(r.role), helper_models(cfg)[r.role]
-    return SERVERS[engine](r, model, folder / f"{r.name}.json")
+    return SERVERS[engine](r, model, folder / f"{r.name}.json", engine)
 
 
 def _router(r: RoleRun) -> int:

