@@ -27,6 +27,7 @@ from agent_r1.rollout.protocol import FinishReason, SamplingParams
 from agent_r1.rollout.server_api import server_api
 from agent_r1.rollout.vllm import (
     GlooTransport,
+    NCCLTransport,
     VLLMConfig,
     VLLMWeightPush,
     check_cpu_model,
@@ -94,9 +95,9 @@ def test_request_bodies_validate_against_vllms_own_types(vllm_python, tmp_path):
         "GET /weight_info": None,
         "GET /get_world_size": None,
     }
-    got = in_vllm(
-        vllm_python, "bodies", {"completions": [greedy.body, sampled.body], "routes": routes}, tmp_path
-    )
+    nccl = {"init_info": NCCLTransport().init_info(HOST, 1234, 1, 3, 60), "update_info": update_info(bucket)}
+    spec = {"completions": [greedy.body, sampled.body], "routes": routes, "nccl": nccl}
+    got = in_vllm(vllm_python, "bodies", spec, tmp_path)
     for c in got["completions"]:
         assert c["error"] is None and c["unknown"] == []
     g, s = (c["sampling"] for c in got["completions"])
@@ -105,6 +106,9 @@ def test_request_bodies_validate_against_vllms_own_types(vllm_python, tmp_path):
     assert (s["temperature"], s["top_p"], s["top_k"], s["seed"]) == (0.7, 0.9, 20, 3)
     for key, r in got["routes"].items():
         assert r == {"error": None, "unknown_body": [], "unknown_query": []}, key
+    # the GPU path (not runnable here): vLLM's NCCL types take what NCCLTransport sends, and its
+    # trainer-side helper the call it makes
+    assert got["nccl"] == {"trainer_init": ["init_info", "rank"], "init_info": None, "update_info": None}
     assert update_info(bucket) == {
         "names": ["model.norm.weight", "lm_head.weight"],
         "dtype_names": ["float32", "bfloat16"],

@@ -2,7 +2,8 @@
 contract tests drive them and read their JSON answer (the last line of stdout).
 
     python vllm_checks.py argv FILE      # [argv, ...] (after `vllm serve`) -> what vLLM's parser made of each
-    python vllm_checks.py bodies FILE    # {"completions": [body, ...], "routes": {"POST /path": body}}
+    python vllm_checks.py bodies FILE    # {"completions": [body, ...], "routes": {"POST /path": body},
+                                         #  "nccl": {"init_info": {...}, "update_info": {...}}}
                                          # -> per body: fields vLLM does not know, validation errors
 """
 
@@ -90,7 +91,28 @@ def bodies(spec: dict) -> dict:
             "unknown_body": sorted(set(body or {}) - body_names),
             "unknown_query": sorted(given_query - query_names),
         }
-    return {"completions": completions, "routes": routes}
+    return {"completions": completions, "routes": routes, "nccl": nccl(spec.get("nccl") or {})}
+
+
+def nccl(spec: dict) -> dict:
+    """The NCCL backend's own init and update types take the bodies a GPU trainer sends, and the
+    trainer-side helper takes the call it makes."""
+    import inspect
+
+    from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitInfo, trainer_init
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferUpdateInfo
+
+    out = {"trainer_init": sorted(inspect.signature(trainer_init).parameters)}
+    for key, cls in (
+        ("init_info", NCCLWeightTransferInitInfo),
+        ("update_info", NCCLWeightTransferUpdateInfo),
+    ):
+        try:
+            cls(**spec[key])
+            out[key] = None
+        except (TypeError, ValueError) as e:
+            out[key] = str(e)[:300]
+    return out
 
 
 if __name__ == "__main__":
