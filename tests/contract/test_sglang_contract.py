@@ -93,9 +93,10 @@ def sent_bodies() -> dict[str, list[dict]]:
 
     captured = []
 
-    class Capture(RolloutClient):
-        async def generate_raw(self, payload, session=None):
-            captured.append(payload)
+    class Capture(RolloutClient):  # what the client POSTs, answered as SGLang would
+        async def post(self, url, path, body=None):
+            assert path == "/generate"
+            captured.append(body)
             return {"output_ids": [1], "meta_info": {"output_token_logprobs": [[-0.1, 1, None]],
                                                     "finish_reason": {"type": "length"}}}  # fmt: skip
 
