@@ -29,9 +29,11 @@ smollm2: install
 vllm-cpu: install
 	@bash tools/vllm/build_venv.sh
 
-bench: tiny-model smollm2
+bench: tiny-model smollm2 vllm-cpu
 	$(PY) tools/bench/advantage.py
 	$(PY) tools/bench/rollout.py --model $(TINY) --model $(SMOLLM2)
+	$(PY) tools/bench/engines.py --model $(SMOLLM2)
+	$(PY) tools/bench/contention.py --model $(SMOLLM2) --requests 16
 	$(PY) tools/bench/learner.py
 	$(PY) tools/bench/trainer.py
 
