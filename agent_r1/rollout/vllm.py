@@ -228,9 +228,9 @@ class GlooTransport:
 
     def __init__(self) -> None:
         self.group: Any = None
+        self.name = f"vllm_update_{uuid.uuid4().hex[:12]}"  # one group, every server in it
 
     def init_info(self, address: str, port: int, rank_offset: int, world: int, timeout_s: float) -> dict:
-        self.name = f"vllm_update_{uuid.uuid4().hex[:12]}"
         return {
             "master_address": address,
             "master_port": port,

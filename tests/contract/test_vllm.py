@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -114,6 +115,17 @@ def test_request_bodies_validate_against_vllms_own_types(vllm_python, tmp_path):
         "dtype_names": ["float32", "bfloat16"],
         "shapes": [[4], [2, 4]],
     }
+
+
+def test_every_server_of_a_push_joins_one_group_at_its_own_ranks():
+    push = VLLMWeightPush(["http://a:1", "http://b:2"], HOST)
+    port = free_port(HOST)
+    infos = [push.transport.init_info(HOST, port, off, 4, 60) for off in (1, 3)]  # b has TP 2
+    assert len({i["group_name"] for i in infos}) == 1 and [i["rank_offset"] for i in infos] == [1, 3]
+    assert (
+        VLLMWeightPush(["http://a:1"]).transport.name != push.transport.name
+    )  # a re-formed group: a new name
+    run(push.client.close())
 
 
 def test_a_head_size_vllm_cpu_cannot_run_is_refused_before_start(tiny_model_dir, tiny_model_h32):
@@ -340,3 +352,17 @@ def test_a_push_during_generation_loses_no_request(server, tiny_model_h32):
         assert len(c.token_ids) == 160 or c.finish_reason == FinishReason.STOP
         assert len(c.logprobs) == len(c.token_ids)
     assert run(server_versions([server], api="vllm")) == {server: version + 1}
+
+
+def test_the_engine_benchmark_runs(vllm_python, tiny_model_h32, tmp_path):
+    """A smoke run of ``tools/bench/engines.py`` on the tiny model (its speed is not checked)."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tools/bench/engines.py"), "--model", str(tiny_model_h32), "--rounds", "1",
+         "--scale", "0.1", "--eager", "--logs", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "AGENT_R1_VLLM_PYTHON": vllm_python},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    lines = [x for x in out.stdout.splitlines() if x.startswith("BENCH ")]
+    assert [x.split()[1] for x in lines] == ["rollout_uniform_qwen3_h32", "rollout_agentic_qwen3_h32"]
+    assert all("baseline=vllm_cpu ratio=" in x for x in lines)
+    assert "greedy agreement with HF" in out.stdout

