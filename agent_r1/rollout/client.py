@@ -44,12 +44,6 @@ async def probe(
         await client.close()
 
 
-def weight_version(info: Any) -> int:
-    """The integer weight version in a ``/get_model_info`` answer (SGLang reports it there as a
-    string); -1 for anything else (an error, a non-numeric version)."""
-    return server_api("sglang").version(info)
-
-
 async def server_versions(urls: list[str], api_key: str | None = None, api: str = "sglang") -> dict[str, int]:
     """Weight version of every server that answers (dead ones are left out)."""
     a = server_api(api)
@@ -182,7 +176,13 @@ class RolloutClient:
         server, out = await self._generate(req.path, req.body, session)
         done = self.api.completion(out)
         if not self.api.version_in_answer:  # the weights it finished with: the server's version now
-            done.policy_version = max(self.api.version(await self.get(server, self.api.version_path)), 0)
+            try:
+                info = await self.get(server, self.api.version_path)
+            except (aiohttp.ClientError, TimeoutError) as e:
+                raise RolloutError(
+                    f"{server} answered, then its weight version could not be read: {e}"
+                ) from None
+            done.policy_version = max(self.api.version(info), 0)
         return done
 
     def session(self, session_id: str):

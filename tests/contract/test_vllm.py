@@ -366,3 +366,41 @@ def test_the_engine_benchmark_runs(vllm_python, tiny_model_h32, tmp_path):
     assert [x.split()[1] for x in lines] == ["rollout_uniform_qwen3_h32", "rollout_agentic_qwen3_h32"]
     assert all("baseline=vllm_cpu ratio=" in x for x in lines)
     assert "greedy agreement with HF" in out.stdout
+
+
+def test_a_server_that_answers_then_dies_is_a_rollout_error():
+    """vLLM's answer carries no weight version; the client reads it after. A server that dies in
+    between is a ``RolloutError`` (the worker runs the share again elsewhere), not a raw socket
+    error. The answer here is vLLM's completions shape, hand-written."""
+    from aiohttp import web
+
+    from agent_r1.rollout.client import RolloutError
+
+    async def completions(request):
+        return web.json_response(
+            {
+                "choices": [
+                    {"token_ids": [7], "logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "length"}
+                ]
+            }
+        )
+
+    async def weight_info(request):
+        raise web.HTTPServiceUnavailable()
+
+    async def scenario():
+        app = web.Application()
+        app.add_routes([web.post("/v1/completions", completions), web.get("/weight_info", weight_info)])
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port(HOST)
+        await web.TCPSite(runner, HOST, port).start()
+        client = RolloutClient(servers=[f"http://{HOST}:{port}"], api="vllm")
+        try:
+            with pytest.raises(RolloutError, match="answered, then its weight version could not be read"):
+                await client([1, 2], SamplingParams(max_new_tokens=1))
+        finally:
+            await client.close()
+            await runner.cleanup()
+
+    run(scenario())
