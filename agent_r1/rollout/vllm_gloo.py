@@ -196,6 +196,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         staged, self.staged = self.staged, []
         if self.errors:
             raise ValueError(f"weight update refused: {self.errors[0]}")
+        if not staged:  # an update closed before any bucket (another server failed to start)
+            return
         ties = shared_parameters(self.model)
         initialize_layerwise_reload(self.model)
         self.model.load_weights(iter(staged))

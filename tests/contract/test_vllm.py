@@ -334,6 +334,27 @@ def test_a_bad_push_is_refused_and_the_old_weights_keep_serving(server, tiny_mod
         assert run(generate(server, [ask], greedy))[0].token_ids == before.token_ids
 
 
+def test_an_update_closed_before_any_bucket_changes_nothing(server, tiny_model_h32):
+    """A push whose start failed on another server closes the update with no bucket sent."""
+    ask = chat_prompts(tiny_model_h32)[0]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    version = run(server_versions([server], api="vllm"))[server]
+    before = run(generate(server, [ask], greedy))[0]
+
+    async def empty_update():
+        group = VLLMWeightPush([server], HOST, "gloo")
+        await group.init(timeout_s=60)
+        try:
+            assert await group._calls("/start_weight_update", None, [server]) == {}
+            assert await group._calls("/finish_weight_update", {}, [server]) == {}
+        finally:
+            await group.close()
+
+    run(empty_update())
+    assert run(server_versions([server], api="vllm")) == {server: version}
+    assert run(generate(server, [ask], greedy))[0].token_ids == before.token_ids
+
+
 def test_a_push_during_generation_loses_no_request(server, tiny_model_h32):
     prompts = chat_prompts(tiny_model_h32) * 2
     version = run(server_versions([server], api="vllm"))[server]
