@@ -22,6 +22,22 @@ from __future__ import annotations
 import os
 
 
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def bf16_units(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """The CPU computes in bfloat16 natively (AVX512_BF16 or AMX-BF16 in its flags): bf16 matmuls
+    run at 2-3x float32 there, and emulated elsewhere (slower than float32)."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return any(flag in line.split() for flag in BF16_FLAGS)
+    except OSError:
+        pass
+    return False
+
+
 def usable_cpus() -> int:
     try:
         n = len(os.sched_getaffinity(0))

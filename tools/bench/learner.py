@@ -2,14 +2,16 @@
 """Learner benchmarks, each against a named baseline in the same run.
 
 1. ``update`` (default): the update phase of one RL iteration -- old logprobs, advantages and every
-   mini-batch step -- through ``Learner.update`` (one columnar ``LearnerBatch``) against the code
-   path it replaced: the package as it was at ``--baseline`` (default 8701c8b, main before the
-   columnar batch; extracted with ``git archive``: step dicts and Python lists re-packed for every
-   pass, logits at every position, a separate old-logprob forward), or ``--baseline list`` for the
-   frozen list path of ``tests/learner/list_path.py`` running on today's model code. Same records,
-   same initial weights, at quickstart size (the tiny Qwen3) and at SmolLM2-135M size (random
-   weights, its exact shape), on several multi-step groups. Each path runs in its own process,
-   so its peak RSS is its own.
+   mini-batch step -- through ``Learner.update`` (one columnar ``LearnerBatch``, prefix-merged
+   sequences, Megatron-Core) against the plain HF/TRL-style step on the same records
+   (``hf_padded``: one right-padded row per trajectory, logits at every position, the clip loss on
+   the action tokens, AdamW, clip 1.0), in the same precision; at quickstart size (the tiny Qwen3)
+   and at SmolLM2-135M size (random weights, its exact shape). On a CPU with bf16 units
+   (AVX512_BF16 or AMX) the same update again in bf16 mixed precision (``model.dtype=bfloat16``:
+   fp32 main weights, optimizer and loss) against its float32 time. ``--baseline COMMIT`` compares
+   against this package at a commit instead (``git archive``), ``--baseline list`` against the
+   frozen list path of ``tests/learner/list_path.py``. Each path runs in its own process, so its
+   peak RSS is its own.
 2. ``merge``: training 5-step append-mode trajectories as prefix-merged packed sequences against the
    per-step padded rows Agent-R1 and verl use (one row per step, each re-prefilling its whole
    observation); same Megatron-Core model, same loss; plus the merged step at TP2.
@@ -30,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -153,39 +156,111 @@ def _baseline_tree(commit: str, tmp: Path) -> Path:
     return out
 
 
+def _run_worker(args: list[str], env: dict[str, str], what: str) -> dict:
+    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=False, env=env)
+    if out.returncode:
+        sys.exit(f"{what} failed:\n{out.stdout[-2000:]}{out.stderr[-4000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def bench_update(a: argparse.Namespace) -> None:
+    """Per size: the update through ``Learner.update`` against the baseline (``hf_padded``: the
+    plain HF step, same precision; a commit of this repo; or the frozen list path), then, on a CPU
+    with bf16 units, the same update in bf16 mixed precision against its own float32 time."""
+    from agent_r1.cpus import bf16_units
+
     tmp = Path(tempfile.mkdtemp())
-    base_name = "list_path" if a.baseline == "list" else f"main_{a.baseline}"
+    base_name = {"hf_padded": "hf_padded", "list": "list_path"}.get(a.baseline, f"main_{a.baseline}")
     base_env = dict(os.environ)
-    if a.baseline != "list":
+    if base_name.startswith("main_"):
         base_env["PYTHONPATH"] = str(_baseline_tree(a.baseline, tmp))  # its agent_r1 before the installed one
+    common = [f"--repeat={a.repeat}", f"--threads={a.threads}", *[f"--override={o}" for o in a.overrides]]
     for size in a.sizes.split(","):
-        model = build_model(tmp / size, SIZES[size]["model"])
-        res = {}
-        for path, env in (("list" if a.baseline == "list" else "batch", base_env), ("batch", os.environ)):
-            key = "base" if env is base_env else "batch"
-            out = subprocess.run(
-                [sys.executable, __file__, "--update-worker", path, size, str(model), f"--repeat={a.repeat}",
-                 f"--threads={a.threads}", *[f"--override={o}" for o in a.overrides]],
-                capture_output=True, text=True, check=False, env=env,
-            )  # fmt: skip
-            if out.returncode:
-                sys.exit(f"{key} at {size} failed:\n{out.stdout[-2000:]}{out.stderr[-4000:]}")
-            res[key] = json.loads(out.stdout.strip().splitlines()[-1])
-        b, ref = res["batch"], res["base"]
+        model = str(build_model(tmp / size, SIZES[size]["model"]))
+        ours = _run_worker(["--update-worker", "batch", size, model, *common], os.environ, f"batch at {size}")
+        if a.baseline == "hf_padded":
+            ref = _run_worker(["--hf-worker", size, model, "float32", *common], os.environ, f"hf at {size}")
+        else:
+            path = "list" if a.baseline == "list" else "batch"
+            ref = _run_worker(["--update-worker", path, size, model, *common], base_env, f"{base_name} at {size}")
         print(
-            f"{size}: {SIZES[size]['records']['trajectories']} trajectories, {int(b['tokens'])} merged tokens; "
-            f"update {b['seconds']:.3f} s (LearnerBatch) vs {ref['seconds']:.3f} s ({base_name}); "
-            f"peak RSS {b['rss_mb']:.0f} MB vs {ref['rss_mb']:.0f} MB; loss/pg {b['loss']:.6f} vs {ref['loss']:.6f}"
+            f"{size}: {SIZES[size]['records']['trajectories']} trajectories, {int(ours['tokens'])} merged tokens; "
+            f"update {ours['seconds']:.3f} s (Learner.update) vs {ref['seconds']:.3f} s ({base_name}); "
+            f"peak RSS {ours['rss_mb']:.0f} MB vs {ref['rss_mb']:.0f} MB; loss/pg {ours['loss']:.6f} vs {ref['loss']:.6f}"
         )
         print(
-            f"BENCH learner_update_{size} seconds={b['seconds']:.3f} baseline={base_name} "
-            f"ratio={ref['seconds'] / b['seconds']:.2f}"
+            f"BENCH learner_update_{size} seconds={ours['seconds']:.3f} baseline={base_name} "
+            f"ratio={ref['seconds'] / ours['seconds']:.2f}"
         )
+        if not bf16_units():
+            print(f"{size}: bf16 skipped (this CPU has neither AVX512_BF16 nor AMX-BF16)")
+            continue
+        half = _run_worker(
+            ["--update-worker", "batch", size, model, *common, "--override=model.dtype=bfloat16"],
+            os.environ, f"bf16 at {size}",
+        )  # fmt: skip
+        print(f"{size}: update in bf16 {half['seconds']:.3f} s vs {ours['seconds']:.3f} s in float32; "
+              f"loss/pg {half['loss']:.6f} vs {ours['loss']:.6f}")  # fmt: skip
         print(
-            f"BENCH learner_update_{size}_peak_rss mb={b['rss_mb']:.0f} baseline={base_name} "
-            f"ratio={ref['rss_mb'] / b['rss_mb']:.2f}"
+            f"BENCH learner_update_{size}_bf16 seconds={half['seconds']:.3f} baseline=fp32 "
+            f"ratio={ours['seconds'] / half['seconds']:.2f}"
         )
+
+def hf_worker(a: argparse.Namespace) -> None:
+    """The peer: a plain HF/TRL-style update on the same records -- one right-padded row per
+    trajectory (its merged stream: prompt, actions and feedback), logits at every position, the
+    GRPO clip loss on the action tokens (token mean; one optimizer step, so the old logprobs are
+    the step's own, as in TRL with one iteration), AdamW (fused where torch has it), clip 1.0.
+    Prints {"seconds", "rss_mb", "tokens", "loss"} like ``update_worker``."""
+    size, model_dir, dtype = a.hf_worker
+    torch.set_num_threads(a.threads)
+    from transformers import AutoModelForCausalLM
+
+    from agent_r1.algos.advantages import compute_advantages
+    from agent_r1.learner.batch import LearnerBatch
+    from agent_r1.records.synth import synth_table
+
+    spec = SIZES[size]
+    b = LearnerBatch.from_table(synth_table(seed=0, vocab=spec["model"]["vocab"], **spec["records"]))
+    adv = b.per_token(compute_advantages("grpo", b.inputs).step_adv.float())
+    T, starts = b.num_trajectories, b.traj_tokens
+    width = int(np.diff(starts).max())
+    ids = torch.zeros(T, width, dtype=torch.long)
+    attn = torch.zeros(T, width, dtype=torch.long)
+    label_row = np.searchsorted(starts, b.label_pos, side="right") - 1
+    label_col = b.label_pos - starts[label_row]  # the token's column; its logits sit one before
+    for t in range(T):
+        n = starts[t + 1] - starts[t]
+        ids[t, :n] = torch.from_numpy(b.stream_tokens[starts[t] : starts[t + 1]])
+        attn[t, :n] = 1
+    rows, cols = torch.from_numpy(label_row), torch.from_numpy(label_col)
+    mask = b.action_mask.float()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).train()
+    try:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    except (RuntimeError, TypeError):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def update() -> float:
+        logits = model(input_ids=ids, attention_mask=attn).logits
+        logp = torch.log_softmax(logits[rows, cols - 1].float(), -1).gather(1, ids[rows, cols, None])[:, 0]
+        ratio = torch.exp(logp - logp.detach())
+        pg = -torch.minimum(ratio * adv, ratio.clamp(1 - 0.2, 1 + 0.28) * adv)
+        loss = (pg * mask).sum() / mask.sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss)
+
+    times, loss = [], 0.0
+    for it in range(a.repeat + 1):  # the first is a warm-up
+        t0 = time.perf_counter()
+        loss = update()
+        if it:
+            times.append(time.perf_counter() - t0)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"seconds": min(times), "rss_mb": rss, "tokens": float(b.num_stream_tokens), "loss": loss}))
 
 
 # ---- 2. prefix merging vs per-step rows -------------------------------------------------------------
@@ -330,7 +405,8 @@ def main() -> None:
     ap.add_argument("--only", choices=("update", "merge"), help="run one benchmark (default: both)")
     ap.add_argument("--sizes", default="quickstart,smollm2", help="update benchmark sizes")
     ap.add_argument(
-        "--baseline", default="8701c8b", help="update baseline: a git commit of this repo, or 'list'"
+        "--baseline", default="hf_padded",
+        help="update baseline: hf_padded (the plain HF step), a git commit of this repo, or 'list'",
     )
     ap.add_argument(
         "--override", dest="overrides", action="append", default=[], help="config override (update)"
@@ -345,12 +421,15 @@ def main() -> None:
     ap.add_argument("--micro-tokens", type=int, default=1024, help="packed tokens per micro-batch (merge)")
     ap.add_argument("--no-tp2", action="store_true", help="skip the TP2-vs-TP1 step time")
     ap.add_argument("--update-worker", nargs=3, metavar=("PATH", "SIZE", "MODEL"), help=argparse.SUPPRESS)
+    ap.add_argument("--hf-worker", nargs=3, metavar=("SIZE", "MODEL", "DTYPE"), help=argparse.SUPPRESS)
     ap.add_argument("--tp2-worker", nargs=4, metavar=("RANK", "PORT", "OUT", "MODEL"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.update_worker:
         return update_worker(a)
     if a.tp2_worker:
         return tp2_worker(a)
+    if a.hf_worker:
+        return hf_worker(a)
     if a.only in (None, "update"):
         bench_update(a)
     if a.only in (None, "merge"):
