@@ -38,6 +38,12 @@ def bf16_units(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return False
 
 
+def serving_dtype(device: str = "cpu") -> str:
+    """A rollout engine's default precision: bfloat16 on a GPU or a CPU with bf16 units, float32
+    on other CPUs (bf16 there is emulated: slower than float32)."""
+    return "bfloat16" if not device.startswith("cpu") or bf16_units() else "float32"
+
+
 def usable_cpus() -> int:
     try:
         n = len(os.sched_getaffinity(0))

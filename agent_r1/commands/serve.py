@@ -7,7 +7,7 @@ from pathlib import Path
 
 from agent_r1 import cli_args
 from agent_r1.commands.flags import add_api_key_flags, api_key
-from agent_r1.cpus import usable_cpus
+from agent_r1.cpus import serving_dtype, usable_cpus
 from agent_r1.logging import setup_logging
 
 
@@ -21,7 +21,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=cli_args.port, default=30000, help="0 = any free port")
-    sv.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    sv.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="auto: bfloat16 on a GPU or a CPU with bf16 units (AVX512_BF16, AMX), else float32",
+    )
     sv.add_argument(
         "--max-running", type=cli_args.positive_int, default=64, help="concurrent requests (KV slots)"
     )
@@ -84,7 +89,7 @@ def run(a: argparse.Namespace) -> int:
         a.port,
         a.ready_file,
         routes=lambda server: OpenAIRoutes(server, name),  # SGLang serves them too
-        dtype=a.dtype,
+        dtype=serving_dtype(a.device) if a.dtype == "auto" else a.dtype,
         max_running=a.max_running,
         max_len=a.max_len,
         prefill_chunk=a.prefill_chunk,

@@ -716,7 +716,7 @@ def serve(
     if failed:
         raise failed[0]
     url = f"http://{server.host}:{server.port}"
-    log.info("serving %s at %s", model, url)
+    log.info("serving %s at %s (%s, %s)", model, url, engine.dtype, engine.device)
 
     def publish() -> None:  # once the scheduler runs: /health answers 200 from then on
         while engine._thread is None:

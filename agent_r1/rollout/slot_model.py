@@ -140,6 +140,10 @@ class SlotModel:
         self.device = dev = next(model.parameters()).device  # the KV cache and every index live here
         shape = (len(self.inner.layers), slots, self.n_kv, max_len, self.head_dim)
         self.k = torch.zeros(shape, dtype=self.dtype, device=dev)
+        # bf16 on a CPU: the batched matmul with the transposed, strided K view of the cache (slots
+        # hold max_len positions) goes through a slow transposing copy; a dense copy of K first
+        # measured 2.5x faster for q K^T (V's view is read as it is; float32 reads both directly)
+        self.dense_kv = dev.type == "cpu" and self.dtype != torch.float32
         self.v = torch.zeros(shape, dtype=self.dtype, device=dev)
         with torch.no_grad():
             probe = torch.zeros(1, 1, cfg.hidden_size, dtype=self.dtype, device=dev)
@@ -346,6 +350,8 @@ class SlotModel:
             # grouped-query attention by hand: one query per row, no expanded K/V copies
             qg = q.view(B, self.n_kv, group, self.head_dim)
             K, V = self.k[li, :B, :, S:L_max], self.v[li, :B, :, S:L_max]
+            if self.dense_kv:
+                K = K.contiguous()
             s = torch.matmul(qg, K.transpose(-1, -2)) * self.scaling
             s = s.masked_fill(masked, float("-inf"))
             if cascade is None:

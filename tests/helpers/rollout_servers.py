@@ -52,6 +52,8 @@ class ServerProc:
                 "0",
                 "--threads",
                 "1",
+                "--dtype",
+                "float32",  # the tests compare with HF in float32 (auto is bf16 on CPUs with bf16 units)
                 "--max-running",
                 "16",
                 "--max-len",

@@ -6,7 +6,8 @@ import os
 import subprocess
 import sys
 
-from agent_r1.cpus import usable_cpus
+from agent_r1 import cpus
+from agent_r1.cpus import bf16_units, serving_dtype, usable_cpus
 
 
 def test_usable_cpus_is_the_affinity_capped_by_slurm(monkeypatch):
@@ -98,3 +99,25 @@ def test_a_probe_is_compared_only_with_steps_of_its_size():
     Machine({2: 4.0, 1: 6.0}).run(g, 8, work=2)  # small batches: dear per token
     Machine({2: 1.0, 1: 1.6}).run(g, 2, work=64)  # the probe lands on a big batch
     assert g.best == 2 and g.switches == 0
+
+
+def test_bf16_units_read_from_the_cpu_flags(tmp_path, monkeypatch):
+    """AVX512_BF16 or AMX-BF16 in /proc/cpuinfo's flags (hand-written files in its layout); a
+    flag's name inside another (avx512_bf16x) does not count; no file reads as none."""
+    head = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Test CPU\n"
+    cases = {
+        "fpu sse avx2 avx512f avx512bw avx512_bf16 avx512_vnni": True,
+        "fpu sse avx2 amx_tile amx_bf16 amx_int8": True,
+        "fpu sse avx2 avx512f avx512_vnni": False,
+        "fpu sse avx2 avx512_bf16x": False,
+    }
+    for flags, want in cases.items():
+        f = tmp_path / "cpuinfo"
+        f.write_text(f"{head}flags\t\t: {flags}\nbogomips\t: 4000\n")
+        assert bf16_units(str(f)) is want, flags
+    assert bf16_units(str(tmp_path / "missing")) is False
+    # the serving default follows them on a CPU; a GPU serves bf16
+    monkeypatch.setattr(cpus, "bf16_units", lambda: True)
+    assert serving_dtype("cpu") == "bfloat16" and serving_dtype("cuda:0") == "bfloat16"
+    monkeypatch.setattr(cpus, "bf16_units", lambda: False)
+    assert serving_dtype("cpu") == "float32" and serving_dtype("cuda") == "bfloat16"

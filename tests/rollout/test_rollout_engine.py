@@ -172,6 +172,37 @@ def test_cascade_attention_equals_per_slot_attention(tiny_model_dir):
     assert not torch.allclose(sm.decode(ids, pos, shared)[0], plain[0], atol=1e-3)
 
 
+@pytest.mark.parametrize("cascade", [False, True])
+def test_bf16_decode_reads_a_dense_copy_of_the_cache_with_the_same_result(tiny_model_dir, cascade):
+    """bf16 on a CPU copies the attended keys to a dense tensor first (faster than the batched
+    matmul over the strided cache view): the logits are those of the strided path, and within
+    bf16 rounding of float32 decoding over the same cache."""
+    from agent_r1.rollout.slot_model import SlotModel
+
+    g = torch.Generator().manual_seed(1)
+    pos = torch.tensor([30, 17, 44, 25])
+    ids = torch.randint(0, 100, (4,), generator=g)
+    shared = [(12, [0, 2]), (10, [1, 3])] if cascade else None
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=dtype).eval()
+        sm = SlotModel(model, slots=4, max_len=64)
+        assert sm.dense_kv is (dtype == torch.bfloat16)
+        g.manual_seed(2)
+        k, v = torch.randn(sm.k.shape, generator=g), torch.randn(sm.v.shape, generator=g)
+        for dense in ({True, False} if dtype == torch.bfloat16 else {False}):
+            sm.k.copy_(k)
+            sm.v.copy_(v)
+            if cascade:
+                for p, slots in shared:
+                    sm.copy_slot(slots[0], slots[1], p)
+            sm.dense_kv = dense
+            out[dtype, dense] = sm.decode(ids, pos, shared)
+    torch.testing.assert_close(out[torch.bfloat16, True], out[torch.bfloat16, False], rtol=0, atol=1e-2)
+    ref = out[torch.float32, False]
+    assert (out[torch.bfloat16, True] - ref).abs().max() < 0.05 * ref.abs().max()
+
+
 def test_stop_rules(engine, codec, tokenizer):
     prompt = _prompt(codec, "hello")
     (base,) = engine.generate_sync(prompt, {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True})

