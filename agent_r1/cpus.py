@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 
-
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 

@@ -190,7 +190,7 @@ def test_bf16_decode_reads_a_dense_copy_of_the_cache_with_the_same_result(tiny_m
         assert sm.dense_kv is (dtype == torch.bfloat16)
         g.manual_seed(2)
         k, v = torch.randn(sm.k.shape, generator=g), torch.randn(sm.v.shape, generator=g)
-        for dense in ({True, False} if dtype == torch.bfloat16 else {False}):
+        for dense in {True, False} if dtype == torch.bfloat16 else {False}:
             sm.k.copy_(k)
             sm.v.copy_(v)
             if cascade:

@@ -100,7 +100,9 @@ def main() -> None:
                 flush=True,
             )
     cpu = next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name")), "?")
-    print(f"cpu: {cpu} ({os.cpu_count()} cores); {a.requests} requests x 128 -> 128, {a.threads} threads, {dtype}")
+    print(
+        f"cpu: {cpu} ({os.cpu_count()} cores); {a.requests} requests x 128 -> 128, {a.threads} threads, {dtype}"
+    )
     q, b = got["adaptive", False], got["adaptive", True]
     fq, fb = got["fixed", False], got["fixed", True]
     pq, pb = got["passive", False], got["passive", True]

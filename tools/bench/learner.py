@@ -157,7 +157,9 @@ def _baseline_tree(commit: str, tmp: Path) -> Path:
 
 
 def _run_worker(args: list[str], env: dict[str, str], what: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=False, env=env)
+    out = subprocess.run(
+        [sys.executable, __file__, *args], capture_output=True, text=True, check=False, env=env
+    )
     if out.returncode:
         sys.exit(f"{what} failed:\n{out.stdout[-2000:]}{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -182,7 +184,9 @@ def bench_update(a: argparse.Namespace) -> None:
             ref = _run_worker(["--hf-worker", size, model, "float32", *common], os.environ, f"hf at {size}")
         else:
             path = "list" if a.baseline == "list" else "batch"
-            ref = _run_worker(["--update-worker", path, size, model, *common], base_env, f"{base_name} at {size}")
+            ref = _run_worker(
+                ["--update-worker", path, size, model, *common], base_env, f"{base_name} at {size}"
+            )
         print(
             f"{size}: {SIZES[size]['records']['trajectories']} trajectories, {int(ours['tokens'])} merged tokens; "
             f"update {ours['seconds']:.3f} s (Learner.update) vs {ref['seconds']:.3f} s ({base_name}); "
@@ -205,6 +209,7 @@ def bench_update(a: argparse.Namespace) -> None:
             f"BENCH learner_update_{size}_bf16 seconds={half['seconds']:.3f} baseline=fp32 "
             f"ratio={ours['seconds'] / half['seconds']:.2f}"
         )
+
 
 def hf_worker(a: argparse.Namespace) -> None:
     """The peer: a plain HF/TRL-style update on the same records -- one right-padded row per
@@ -260,7 +265,9 @@ def hf_worker(a: argparse.Namespace) -> None:
         if it:
             times.append(time.perf_counter() - t0)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"seconds": min(times), "rss_mb": rss, "tokens": float(b.num_stream_tokens), "loss": loss}))
+    print(
+        json.dumps({"seconds": min(times), "rss_mb": rss, "tokens": float(b.num_stream_tokens), "loss": loss})
+    )
 
 
 # ---- 2. prefix merging vs per-step rows -------------------------------------------------------------
@@ -405,7 +412,8 @@ def main() -> None:
     ap.add_argument("--only", choices=("update", "merge"), help="run one benchmark (default: both)")
     ap.add_argument("--sizes", default="quickstart,smollm2", help="update benchmark sizes")
     ap.add_argument(
-        "--baseline", default="hf_padded",
+        "--baseline",
+        default="hf_padded",
         help="update baseline: hf_padded (the plain HF step), a git commit of this repo, or 'list'",
     )
     ap.add_argument(
