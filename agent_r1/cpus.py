@@ -43,6 +43,27 @@ def serving_dtype(device: str = "cpu") -> str:
     return "bfloat16" if not device.startswith("cpu") or bf16_units() else "float32"
 
 
+def keep_freed_blocks() -> bool:
+    """Let glibc's malloc keep large freed blocks for reuse instead of handing each one back to the
+    kernel. By default every block over a (dynamic, <= 32 MB) threshold is a fresh ``mmap`` that
+    the kernel zero-fills page by page and ``munmap`` returns at ``free``: a loop that allocates and
+    frees the same large tensors every step (a learner's activations and gradients, an engine's
+    logits and attention scores) pays those page faults every step -- what jemalloc / tcmalloc
+    avoid in PyTorch's CPU tuning guides. Peak memory grows a little (the kept blocks are the
+    ones the next step needs again). For processes that compute on the host; returns whether it
+    applied (False without glibc)."""
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    # blocks up to 1 GiB come from the heap; up to 2 GiB free at its top stay mapped
+    return bool(mallopt(m_mmap_threshold, 1 << 30)) and bool(mallopt(m_trim_threshold, (1 << 31) - 1))
+
+
 def usable_cpus() -> int:
     try:
         n = len(os.sched_getaffinity(0))

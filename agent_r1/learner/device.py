@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from agent_r1.cpus import keep_freed_blocks
+
 
 def bind_local_gpu(local_rank: int) -> torch.device:
     """Make GPU ``local_rank`` this process's current device (no-op without CUDA)."""
@@ -68,23 +70,10 @@ def all_reduce_scalar(value: float, op: str = "sum", group: Any = None, dtype=to
 
 
 def keep_freed_host_memory() -> bool:
-    """On a CPU learner, let glibc's malloc keep large freed blocks for reuse instead of handing
-    each one back to the kernel. By default every block over a (dynamic, ≤ 32 MB) threshold is a
-    fresh ``mmap`` that the kernel zero-fills page by page and ``munmap`` returns at ``free``: a
-    learner step allocates and frees its activations and gradients (hundreds of MB at SmolLM2 size)
-    every time, so it pays those page faults on every step (~12 % of the update measured at that
-    size; what jemalloc / tcmalloc avoid in PyTorch's CPU tuning guides). Peak memory grows a
-    little (+2.5 % in that benchmark): the kept blocks are the ones the next step needs again.
-    No-op on a GPU learner or without glibc; returns whether it applied."""
-    import ctypes
-
+    """On a CPU learner, let glibc's malloc keep large freed blocks for reuse
+    (``cpus.keep_freed_blocks``): a learner step allocates and frees its activations and gradients
+    (hundreds of MB at SmolLM2 size) every time and otherwise pays their page faults on every step
+    (~12 % of the update measured at that size). No-op on a GPU learner; returns whether it applied."""
     if torch.cuda.is_available():
         return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    # blocks up to 1 GiB come from the heap; up to 2 GiB free at its top stay mapped
-    return bool(mallopt(m_mmap_threshold, 1 << 30)) and bool(mallopt(m_trim_threshold, (1 << 31) - 1))
+    return keep_freed_blocks()

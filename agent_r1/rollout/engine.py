@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from agent_r1.checkpoint_names import unstack_experts
-from agent_r1.cpus import ThreadGovernor
+from agent_r1.cpus import ThreadGovernor, keep_freed_blocks
 from agent_r1.rollout.sampling import Sampling, is_token_id, sample_batch
 from agent_r1.rollout.slot_model import SlotModel
 from agent_r1.rollout.vision import VisionTower
@@ -187,6 +187,8 @@ class Engine:
         self.model_dir = str(model_dir)
         self.dtype = dtype
         self.device = torch.device(device)  # the model and KV cache; sampling stays on the host
+        if self.device.type == "cpu":  # each step's logits and activations reuse freed blocks:
+            keep_freed_blocks()  # 1.07-1.09x on SmolLM2's uniform workload (no page faults)
         vision = is_vision_config(AutoConfig.from_pretrained(self.model_dir))
         auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
         self.model = auto.from_pretrained(self.model_dir, dtype=getattr(torch, dtype)).to(self.device).eval()

@@ -1,3 +1,6 @@
+import json
+import subprocess
+import sys
 import threading
 import time
 
@@ -392,3 +395,27 @@ def test_bfloat16_engine(tiny_model_dir):
         e.stop()
     with pytest.raises(ValueError, match="dtype"):
         Engine(tiny_model_dir, dtype="float8")
+
+
+def test_a_cpu_engine_reuses_freed_host_blocks(tiny_model_dir):
+    """A CPU engine keeps large freed blocks (``cpus.keep_freed_blocks``): a step's logits and
+    activations, freed and allocated again, cost no page faults once the heap has settled (glibc's
+    default hands every block over its mmap threshold back to the kernel, to be zero-filled again
+    at the next step)."""
+    code = f"""
+import json, resource, torch
+from agent_r1.rollout.engine import Engine
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def step():
+    before = faults()
+    x = torch.ones(64 << 20, dtype=torch.uint8); del x
+    return faults() - before
+plain = [step() for _ in range(12)]
+Engine({str(tiny_model_dir)!r}, max_running=2, max_len=64)
+print(json.dumps([plain, [step() for _ in range(12)]]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    plain, kept = json.loads(out.stdout.strip().splitlines()[-1])
+    assert min(plain[6:]) > 10_000, plain  # 64 MB of fresh pages (4 KB each) at every step before
+    assert sum(kept[6:]) < 16_384, kept  # after: at most one step's worth while the heap settles
