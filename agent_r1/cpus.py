@@ -1,5 +1,7 @@
-"""The cores a process may use (every role sizes its torch threads from them), and the governor
-that chooses how many of them torch uses while a loop runs.
+"""The cores a process may use (every role sizes its torch threads from them), the governor
+that chooses how many of them torch uses while a loop runs, whether the CPU computes in bf16
+(``bf16_units``: the serving default, ``serving_dtype``) and glibc's malloc told to keep large
+freed blocks (``keep_freed_blocks``: no page faults per step in a learner or an engine).
 
 ``usable_cpus``: the CPUs this process is allowed to run on (``os.sched_getaffinity``: what
 ``taskset``, cgroup cpusets and Slurm's binding leave it), at most Slurm's ``--cpus-per-task``
