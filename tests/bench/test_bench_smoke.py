@@ -29,7 +29,10 @@ def test_the_learner_update_benchmark_runs_against_the_hf_step():
     lines = _bench(
         str(ROOT / "tools/bench/learner.py"), "--only", "update", "--sizes", "quickstart", "--repeat", "1"
     )
-    want = [rf"BENCH learner_update_quickstart seconds={NUMBER} baseline=hf_padded ratio={NUMBER}"]
+    want = [
+        rf"BENCH learner_update_quickstart seconds={NUMBER} baseline=hf_padded ratio={NUMBER}",
+        rf"BENCH learner_update_quickstart_peak_rss mb={NUMBER} baseline=hf_padded ratio={NUMBER}",
+    ]
     if bf16_units():
         want.append(rf"BENCH learner_update_quickstart_bf16 seconds={NUMBER} baseline=fp32 ratio={NUMBER}")
     assert len(lines) == len(want), lines

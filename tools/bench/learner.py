@@ -196,6 +196,10 @@ def bench_update(a: argparse.Namespace) -> None:
             f"BENCH learner_update_{size} seconds={ours['seconds']:.3f} baseline={base_name} "
             f"ratio={ref['seconds'] / ours['seconds']:.2f}"
         )
+        print(
+            f"BENCH learner_update_{size}_peak_rss mb={ours['rss_mb']:.0f} baseline={base_name} "
+            f"ratio={ref['rss_mb'] / ours['rss_mb']:.2f}"
+        )
         if not bf16_units():
             print(f"{size}: bf16 skipped (this CPU has neither AVX512_BF16 nor AMX-BF16)")
             continue
