@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from agent_r1.rollout.attention import Span, attend
 from agent_r1.vision.qwen2_vl import is_vision_config, mrope_sections
 
 SUPPORTED = (
@@ -140,11 +141,8 @@ class SlotModel:
         self.device = dev = next(model.parameters()).device  # the KV cache and every index live here
         shape = (len(self.inner.layers), slots, self.n_kv, max_len, self.head_dim)
         self.k = torch.zeros(shape, dtype=self.dtype, device=dev)
-        # bf16 on a CPU: the batched matmul with the transposed, strided K view of the cache (slots
-        # hold max_len positions) goes through a slow transposing copy; a dense copy of K first
-        # measured 2.5x faster for q K^T (V's view is read as it is; float32 reads both directly)
-        self.dense_kv = dev.type == "cpu" and self.dtype != torch.float32
         self.v = torch.zeros(shape, dtype=self.dtype, device=dev)
+        self.native_attention = True  # decode attention's native CPU kernel, where it builds (attention.py)
         with torch.no_grad():
             probe = torch.zeros(1, 1, cfg.hidden_size, dtype=self.dtype, device=dev)
             cos, sin = self.inner.rotary_emb(probe, torch.arange(max_len, device=dev).unsqueeze(0))
@@ -332,14 +330,7 @@ class SlotModel:
         B = ids.numel()
         x = F.embedding(ids, self.embed)
         cascade = _Cascade(shared, pos, self.n_kv, self.n_heads // self.n_kv) if shared else None
-        L_max = int(pos.max()) + 1
-        S = cascade.start if cascade else 0
-        cols = torch.arange(S, L_max, device=pos.device).view(1, -1)
-        if cascade:
-            masked = (cols > pos.view(B, 1)) | (cols < cascade.row_start.view(B, 1))
-        else:
-            masked = cols > pos.view(B, 1)
-        masked = masked.view(B, 1, 1, -1)
+        own = Span(cascade.row_start if cascade else torch.zeros_like(pos), pos + 1)
         group = self.n_heads // self.n_kv
         rows = torch.arange(B, device=pos.device)
         rope = self._rope(pos if rope_pos is None else rope_pos)
@@ -347,21 +338,11 @@ class SlotModel:
             q, k, v = self._qkv(L, x, rope)
             self.k[li, rows, :, pos] = k
             self.v[li, rows, :, pos] = v
-            # grouped-query attention by hand: one query per row, no expanded K/V copies
+            # grouped-query attention: a kv head's `group` queries attend together, no expanded K/V
             qg = q.view(B, self.n_kv, group, self.head_dim)
-            K, V = self.k[li, :B, :, S:L_max], self.v[li, :B, :, S:L_max]
-            if self.dense_kv:
-                K = K.contiguous()
-            s = torch.matmul(qg, K.transpose(-1, -2)) * self.scaling
-            s = s.masked_fill(masked, float("-inf"))
-            if cascade is None:
-                o = torch.matmul(torch.softmax(s, -1), V)
-            else:
-                m = s.amax(-1, keepdim=True)  # finite: a row always attends to its own token
-                e = torch.exp(s - m)
-                o = cascade.merge(
-                    qg, self.k[li], self.v[li], self.scaling, torch.matmul(e, V), e.sum(-1, keepdim=True), m
-                )
+            o, lse = attend(qg, self.k[li], self.v[li], own, self.scaling, self.native_attention)
+            if cascade is not None:
+                o = cascade.merge(qg, self.k[li], self.v[li], o, lse, self.scaling, self.native_attention)
             x = x + L.o(o.reshape(B, -1))
             x = self._mlp(L, x)
         return self._logits(x)
@@ -373,7 +354,6 @@ class _Cascade:
     def __init__(self, shared: list[tuple[int, list[int]]], pos: torch.Tensor, n_kv: int, group: int):
         B = pos.numel()
         self.G, self.M = len(shared), max(len(slots) for _, slots in shared)
-        self.P = max(p for p, _ in shared)
         dev = pos.device
         self.leaders = torch.tensor([slots[0] for _, slots in shared], device=dev)
         g_idx, j_idx, row_start = [0] * B, [0] * B, [0] * B
@@ -382,33 +362,24 @@ class _Cascade:
                 g_idx[slot], j_idx[slot], row_start[slot] = g, j, p
         self.g_idx, self.j_idx = torch.tensor(g_idx, device=dev), torch.tensor(j_idx, device=dev)
         self.row_start = torch.tensor(row_start, device=dev)  # each row's own part starts at its group's P
-        self.start = min(p for p, _ in shared)
         plen = torch.tensor([p for p, _ in shared], device=dev)
-        self.prefix_masked = (torch.arange(self.P, device=dev).view(1, -1) >= plen.view(-1, 1)).view(
-            self.G, 1, 1, self.P
-        )
+        self.prefix = Span(torch.zeros_like(plen), plen, self.leaders)  # each group's prompt, once
         self.n_kv, self.group = n_kv, group
 
-    def merge(self, qg, K, V, scale, num, den, m):
-        """Add the prefix part to each row's own part (``num`` = unnormalised output, ``den`` = its
-        softmax denominator, ``m`` = its max score) and normalise."""
+    def merge(self, qg, K, V, o, lse, scale, native):
+        """Add the prefix part to each row's own part (``o``, normalised over the row's own
+        positions, whose log-sum-exp is ``lse``): the two softmaxes weighted by their sums."""
         B, kv, grp, D = qg.shape
-        G, M, P = self.G, self.M, self.P
+        G, M = self.G, self.M
         Q = qg.new_zeros(G, M, kv, grp, D)
         Q[self.g_idx, self.j_idx] = qg
         Q = Q.permute(0, 2, 1, 3, 4).reshape(G, kv, M * grp, D)
-        Kp, Vp = K[self.leaders, :, :P], V[self.leaders, :, :P]  # (G, kv, P, D)
-        s = torch.matmul(Q, Kp.transpose(-1, -2)) * scale
-        if P > self.start:
-            s = s.masked_fill(self.prefix_masked, float("-inf"))
-        mp = s.amax(-1, keepdim=True)
-        e = torch.exp(s - mp)
-        parts = (torch.matmul(e, Vp), e.sum(-1, keepdim=True), mp)
+        o_p, lse_p = attend(Q, K, V, self.prefix, scale, native)
 
         def rows(t: torch.Tensor) -> torch.Tensor:  # (G, kv, M*grp, X) -> (B, kv, grp, X)
             return t.view(G, kv, M, grp, -1).permute(0, 2, 1, 3, 4)[self.g_idx, self.j_idx]
 
-        num_p, den_p, m_p = (rows(t) for t in parts)
-        mx = torch.maximum(m, m_p)
-        a, b = torch.exp(m - mx), torch.exp(m_p - mx)
-        return (num * a + num_p * b) / (den * a + den_p * b)
+        o_p, lse_p = rows(o_p), rows(lse_p.unsqueeze(-1))
+        lse = lse.unsqueeze(-1)
+        total = torch.logaddexp(lse, lse_p)
+        return (o.float() * torch.exp(lse - total) + o_p.float() * torch.exp(lse_p - total)).to(o.dtype)

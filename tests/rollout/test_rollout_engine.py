@@ -176,12 +176,14 @@ def test_cascade_attention_equals_per_slot_attention(tiny_model_dir):
 
 
 @pytest.mark.parametrize("cascade", [False, True])
-def test_bf16_decode_reads_a_dense_copy_of_the_cache_with_the_same_result(tiny_model_dir, cascade):
-    """bf16 on a CPU copies the attended keys to a dense tensor first (faster than the batched
-    matmul over the strided cache view): the logits are those of the strided path, and within
-    bf16 rounding of float32 decoding over the same cache."""
+def test_native_decode_attention_equals_the_matmul_path(tiny_model_dir, cascade):
+    """On a CPU decode attends through the native kernel, in place over the cache; its logits are
+    those of the batched-matmul path (float32 tightly, bf16 within its rounding), and bf16 stays
+    within bf16 rounding of float32 over the same cache."""
+    from agent_r1.rollout import attention
     from agent_r1.rollout.slot_model import SlotModel
 
+    assert attention._native(torch.float32) and attention._native(torch.bfloat16)  # g++ is installed
     g = torch.Generator().manual_seed(1)
     pos = torch.tensor([30, 17, 44, 25])
     ids = torch.randint(0, 100, (4,), generator=g)
@@ -190,20 +192,49 @@ def test_bf16_decode_reads_a_dense_copy_of_the_cache_with_the_same_result(tiny_m
     for dtype in (torch.float32, torch.bfloat16):
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=dtype).eval()
         sm = SlotModel(model, slots=4, max_len=64)
-        assert sm.dense_kv is (dtype == torch.bfloat16)
         g.manual_seed(2)
         k, v = torch.randn(sm.k.shape, generator=g), torch.randn(sm.v.shape, generator=g)
-        for dense in {True, False} if dtype == torch.bfloat16 else {False}:
+        for native in (True, False):
             sm.k.copy_(k)
             sm.v.copy_(v)
             if cascade:
                 for p, slots in shared:
                     sm.copy_slot(slots[0], slots[1], p)
-            sm.dense_kv = dense
-            out[dtype, dense] = sm.decode(ids, pos, shared)
-    torch.testing.assert_close(out[torch.bfloat16, True], out[torch.bfloat16, False], rtol=0, atol=1e-2)
-    ref = out[torch.float32, False]
+            sm.native_attention = native
+            out[dtype, native] = sm.decode(ids, pos, shared)
+    torch.testing.assert_close(out[torch.float32, True], out[torch.float32, False], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[torch.bfloat16, True], out[torch.bfloat16, False], rtol=0, atol=2e-2)
+    ref = out[torch.float32, True]
     assert (out[torch.bfloat16, True] - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attend_against_a_float64_softmax_over_cache_slots(dtype):
+    """Both attention paths against softmax(q K^T s) V in float64 over each row's range of its own
+    slot (ranges that start late, a one-position range, rows reading other rows' slots, a strided
+    query view), and an empty range: output 0, log-sum-exp -inf."""
+    from agent_r1.rollout.attention import Span, attend
+
+    g = torch.Generator().manual_seed(3)
+    K, V = (torch.randn(6, 2, 40, 8, generator=g).to(dtype) for _ in range(2))  # (slots, kv, max_len, D)
+    q = torch.randn(5, 2, 5, 8, generator=g).to(dtype)[:, :, 1:4]  # 3 queries per kv head, strided
+    lo, hi = torch.tensor([0, 3, 0, 10, 4]), torch.tensor([17, 4, 9, 33, 12])
+    slots = torch.tensor([5, 0, 2, 2, 1])
+    ref_o, ref_lse = [], []
+    for n in range(5):
+        k, v = K[slots[n], :, lo[n] : hi[n]].double(), V[slots[n], :, lo[n] : hi[n]].double()
+        s = (q[n].double() @ k.transpose(-1, -2)) * 0.3
+        ref_o.append(torch.softmax(s, -1) @ v)
+        ref_lse.append(torch.logsumexp(s, -1))
+    ref_o, ref_lse = torch.stack(ref_o), torch.stack(ref_lse)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=0, atol=2e-2)
+    for native in (True, False):
+        o, lse = attend(q, K, V, Span(lo, hi, slots), 0.3, native)
+        assert o.dtype == dtype and lse.dtype == torch.float32
+        torch.testing.assert_close(o.double(), ref_o, **tol)
+        torch.testing.assert_close(lse.double(), ref_lse, **tol)  # bf16 matmuls round the scores
+    o, lse = attend(q[:2], K, V, Span(torch.tensor([0, 5]), torch.tensor([4, 5])), 0.3)
+    assert torch.isneginf(lse[1]).all() and (o[1] == 0).all() and torch.isfinite(lse[0]).all()
 
 
 def test_stop_rules(engine, codec, tokenizer):

@@ -1,0 +1,183 @@
+// Decode attention over the slot KV cache, for CPUs: one pass over each row's keys and values,
+// read in place from the cache (no gathered or transposed copies), float32 accumulation.
+// Built at run time by agent_r1/rollout/attention.py (g++ -O3 -march=native -fopenmp) and called
+// through ctypes; -fopenmp links libgomp.so.1, which resolves to the OpenMP runtime torch has
+// already loaded, so the kernel shares torch's threads and their wait policy.
+//
+// Row n of the query (N, H, R, D) is attended by its R query vectors per kv head h over positions
+// lo[n] <= t < hi[n] of cache slot slot[n]: o = softmax(q k_t^T * scale) v_t, lse = the log of
+// the softmax's denominator (the scaled scores' log-sum-exp). An empty range gives o = 0,
+// lse = -inf.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+inline float load(float x) { return x; }
+inline float load(uint16_t x) {  // bfloat16 bits
+  uint32_t u = uint32_t(x) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline void store(float* p, float x) { *p = x; }
+inline void store(uint16_t* p, float x) {  // round to nearest even; NaN stays NaN
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    *p = uint16_t((u >> 16) | 0x40u);
+    return;
+  }
+  u += 0x7fffu + ((u >> 16) & 1u);
+  *p = uint16_t(u >> 16);
+}
+
+// Any head dimension, scalar loops the compiler vectorises as it can.
+template <typename T>
+void generic(const float* qf, int R, int D, const T* K, const T* V, int64_t cT, int a, int T_, float* s, T* o,
+             float* l) {
+  std::vector<float> row(D), acc(size_t(R) * D, 0.0f);
+  for (int t = 0; t < T_; t++) {
+    for (int d = 0; d < D; d++) row[d] = load(K[int64_t(a + t) * cT + d]);
+    for (int r = 0; r < R; r++) {
+      float dot = 0.0f;
+      for (int d = 0; d < D; d++) dot += qf[r * D + d] * row[d];
+      s[size_t(r) * T_ + t] = dot;
+    }
+  }
+  for (int r = 0; r < R; r++) {
+    float* sr = s + size_t(r) * T_;
+    float m = sr[0];
+    for (int t = 1; t < T_; t++) m = sr[t] > m ? sr[t] : m;
+    float sum = 0.0f;
+    for (int t = 0; t < T_; t++) sum += (sr[t] = std::exp(sr[t] - m));
+    l[r] = m + std::log(sum);
+    for (int t = 0; t < T_; t++) sr[t] /= sum;
+  }
+  for (int t = 0; t < T_; t++) {
+    for (int d = 0; d < D; d++) row[d] = load(V[int64_t(a + t) * cT + d]);
+    for (int r = 0; r < R; r++)
+      for (int d = 0; d < D; d++) acc[size_t(r) * D + d] += s[size_t(r) * T_ + t] * row[d];
+  }
+  for (size_t i = 0; i < acc.size(); i++) store(o + i, acc[i]);
+}
+
+// Vectors of 16 floats (one AVX-512 register, two AVX2 ones): the head dimension in chunks.
+typedef float v16 __attribute__((vector_size(64)));
+
+inline float hsum(v16 x) {
+  typedef float v8 __attribute__((vector_size(32)));
+  typedef float v4 __attribute__((vector_size(16)));
+  v8 a = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
+  v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+template <typename T>
+inline v16 load16(const T* p) {
+  v16 x;
+  for (int i = 0; i < 16; i++) x[i] = load(p[i]);
+  return x;
+}
+
+// One (row, kv head) item, C chunks of 16 in the head dimension (D = 16 C).
+template <typename T, int C>
+void item(const float* qf, int R, const T* K, const T* V, int64_t cT, int a, int T_, float* s, T* o, float* l) {
+  for (int t = 0; t < T_; t++) {  // scores: each key read once for the R queries
+    v16 k[C];
+    for (int c = 0; c < C; c++) k[c] = load16(K + int64_t(a + t) * cT + 16 * c);
+    for (int r = 0; r < R; r++) {
+      const v16* qr = reinterpret_cast<const v16*>(qf) + r * C;
+      v16 acc = qr[0] * k[0];
+      for (int c = 1; c < C; c++) acc += qr[c] * k[c];
+      s[size_t(r) * T_ + t] = hsum(acc);
+    }
+  }
+  for (int r = 0; r < R; r++) {  // softmax numerators in place, their sum
+    float* sr = s + size_t(r) * T_;
+    float m = sr[0];
+    for (int t = 1; t < T_; t++) m = sr[t] > m ? sr[t] : m;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int t = 0; t < T_; t++) {
+      sr[t] = std::exp(sr[t] - m);
+      sum += sr[t];
+    }
+    l[r] = m + std::log(sum);
+    const float inv = 1.0f / sum;
+    for (int t = 0; t < T_; t++) sr[t] *= inv;
+  }
+  constexpr int RB = C <= 4 ? 4 : 2;  // rows per pass over the values: RB * C accumulators in registers
+  for (int r0 = 0; r0 < R; r0 += RB) {
+    const int rb = R - r0 < RB ? R - r0 : RB;
+    v16 acc[RB][C] = {};
+    for (int t = 0; t < T_; t++) {  // weighted values
+      v16 v[C];
+      for (int c = 0; c < C; c++) v[c] = load16(V + int64_t(a + t) * cT + 16 * c);
+      for (int r = 0; r < rb; r++) {
+        const float p = s[size_t(r0 + r) * T_ + t];
+        for (int c = 0; c < C; c++) acc[r][c] += p * v[c];
+      }
+    }
+    for (int r = 0; r < rb; r++)
+      for (int c = 0; c < C; c++)
+        for (int i = 0; i < 16; i++) store(o + (r0 + r) * C * 16 + 16 * c + i, acc[r][c][i]);
+  }
+}
+
+template <typename T>
+void attend(const T* q, int64_t qN, int64_t qH, int64_t qR,                  // query and strides
+            const T* K, const T* V, int64_t cS, int64_t cH, int64_t cT,       // cache and strides
+            const int32_t* slot, const int32_t* lo, const int32_t* hi,        // per row n
+            int N, int H, int R, int D, float scale, T* out, float* lse, int threads) {
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<v16> qv(size_t(R) * ((D + 15) / 16));
+    std::vector<float> s;
+#pragma omp for schedule(dynamic, 2)
+    for (int64_t nh = 0; nh < int64_t(N) * H; nh++) {
+      const int64_t n = nh / H, h = nh % H;
+      const int a = lo[n], b = hi[n], T_ = b - a;
+      T* o = out + nh * R * D;
+      float* l = lse + nh * R;
+      if (T_ <= 0) {
+        for (int r = 0; r < R; r++) {
+          l[r] = -INFINITY;
+          for (int d = 0; d < D; d++) store(o + r * D + d, 0.0f);
+        }
+        continue;
+      }
+      float* qf = reinterpret_cast<float*>(qv.data());
+      for (int r = 0; r < R; r++) {
+        const T* qp = q + n * qN + h * qH + r * qR;
+        for (int d = 0; d < D; d++) qf[r * D + d] = load(qp[d]) * scale;
+      }
+      s.resize(size_t(R) * T_);
+      const int64_t base = int64_t(slot[n]) * cS + h * cH;
+      switch (D) {
+        case 64: item<T, 4>(qf, R, K + base, V + base, cT, a, T_, s.data(), o, l); break;
+        case 128: item<T, 8>(qf, R, K + base, V + base, cT, a, T_, s.data(), o, l); break;
+        default: generic(qf, R, D, K + base, V + base, cT, a, T_, s.data(), o, l);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+void agent_r1_decode_attention_f32(const float* q, int64_t qN, int64_t qH, int64_t qR, const float* K,
+                                   const float* V, int64_t cS, int64_t cH, int64_t cT, const int32_t* slot,
+                                   const int32_t* lo, const int32_t* hi, int N, int H, int R, int D,
+                                   float scale, float* out, float* lse, int threads) {
+  attend(q, qN, qH, qR, K, V, cS, cH, cT, slot, lo, hi, N, H, R, D, scale, out, lse, threads);
+}
+void agent_r1_decode_attention_bf16(const uint16_t* q, int64_t qN, int64_t qH, int64_t qR, const uint16_t* K,
+                                    const uint16_t* V, int64_t cS, int64_t cH, int64_t cT, const int32_t* slot,
+                                    const int32_t* lo, const int32_t* hi, int N, int H, int R, int D,
+                                    float scale, uint16_t* out, float* lse, int threads) {
+  attend(q, qN, qH, qR, K, V, cS, cH, cT, slot, lo, hi, N, H, R, D, scale, out, lse, threads);
+}
+}
