@@ -115,13 +115,15 @@ class ThreadGovernor:
         if torch.get_num_threads() != n:
             torch.set_num_threads(n)
 
-    def pick(self) -> int:
+    def pick(self, probe: bool = True) -> int:
+        """The count for the next step; ``probe=False``: a step that will not be recorded (a due
+        probe waits for one that will, rather than running unmeasured work at the other count)."""
         if not self.active:
             return self.threads
         if not self.probing and self.recent:
             self.wait -= 1
             self.probing = self.wait <= 0
-        n = self.other if self.probing else self.best
+        n = self.other if self.probing and probe else self.best
         self._set(n)
         return n
 

@@ -511,8 +511,9 @@ class Engine:
         """One scheduler step (called with the lock held)."""
         self.stats["steps"] += 1
         gov = self.governor
-        if gov is not None:
-            gov.pick()
+        if gov is not None:  # probe the other thread count on decode-only steps (those are timed)
+            admits = self.waiting and len(self.running) < self.max_running
+            gov.pick(probe=not (admits or any(r.state == "prefill" for r in self.running)))
             t0 = time.perf_counter()
             prefilled, generated = self.stats["prefill_tokens"], self.stats["generated_tokens"]
         self._admit()

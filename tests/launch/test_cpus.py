@@ -101,6 +101,17 @@ def test_a_probe_is_compared_only_with_steps_of_its_size():
     assert g.best == 2 and g.switches == 0
 
 
+def test_a_due_probe_waits_for_a_step_that_will_be_timed():
+    """Steps that will not be recorded (the engine's prefills) run at the best count even when a
+    probe is due; the probe then takes the next timed steps."""
+    g = governor()
+    Machine({2: 1.0, 1: 1.6}).run(g, 8)  # the first probe is due on the next step
+    untimed = [g.pick(probe=False) for _ in range(5)]
+    assert untimed == [2] * 5 and g.probing
+    assert Machine({2: 1.0, 1: 1.6}).run(g, 2) == [1, 1]  # the probe, on timed steps
+    assert g.best == 2 and not g.probing
+
+
 def test_bf16_units_read_from_the_cpu_flags(tmp_path, monkeypatch):
     """AVX512_BF16 or AMX-BF16 in /proc/cpuinfo's flags (hand-written files in its layout); a
     flag's name inside another (avx512_bf16x) does not count; no file reads as none."""
