@@ -83,16 +83,52 @@ inline v16 load16(const T* p) {
 }
 
 // One (row, kv head) item, C chunks of 16 in the head dimension (D = 16 C).
+// Ask for a cache row's lines ahead of use: one item's keys span a few KB of one slot, too short a
+// run for the hardware prefetcher to ramp up, so the loads otherwise wait on memory.
+template <typename T>
+inline void prefetch(const T* p, int D) {
+  for (int b = 0; b < D * int(sizeof(T)); b += 64) __builtin_prefetch(reinterpret_cast<const char*>(p) + b);
+}
+
 template <typename T, int C>
 void item(const float* qf, int R, const T* K, const T* V, int64_t cT, int a, int T_, float* s, T* o, float* l) {
-  for (int t = 0; t < T_; t++) {  // scores: each key read once for the R queries
-    v16 k[C];
-    for (int c = 0; c < C; c++) k[c] = load16(K + int64_t(a + t) * cT + 16 * c);
-    for (int r = 0; r < R; r++) {
-      const v16* qr = reinterpret_cast<const v16*>(qf) + r * C;
-      v16 acc = qr[0] * k[0];
-      for (int c = 1; c < C; c++) acc += qr[c] * k[c];
-      s[size_t(r) * T_ + t] = hsum(acc);
+  constexpr int AHEAD = 16;  // keys
+  for (int t = 0; t < AHEAD && t < T_; t++) prefetch(K + int64_t(a + t) * cT, 16 * C);
+  if (R < 8) {
+    for (int t = 0; t < T_; t++) {  // scores: each key read once for the R queries
+      if (t + AHEAD < T_) prefetch(K + int64_t(a + t + AHEAD) * cT, 16 * C);
+      prefetch(V + int64_t(a + t) * cT, 16 * C);  // for the pass over the values
+      v16 k[C];
+      for (int c = 0; c < C; c++) k[c] = load16(K + int64_t(a + t) * cT + 16 * c);
+      for (int r = 0; r < R; r++) {
+        const v16* qr = reinterpret_cast<const v16*>(qf) + r * C;
+        v16 acc = qr[0] * k[0];
+        for (int c = 1; c < C; c++) acc += qr[c] * k[c];
+        s[size_t(r) * T_ + t] = hsum(acc);
+      }
+    }
+  } else {  // many queries (a shared prompt's group): 16 keys at a time, transposed, no sums across lanes
+    v16 kt[16 * C];  // kt[d][j] = key j's dimension d
+    for (int t0 = 0; t0 < T_; t0 += 16) {
+      const int nb = T_ - t0 < 16 ? T_ - t0 : 16;
+      for (int j = 0; j < 16; j++) {
+        if (j >= nb) {
+          for (int d = 0; d < 16 * C; d++) kt[d][j] = 0.0f;
+          continue;
+        }
+        const T* kp = K + int64_t(a + t0 + j) * cT;
+        if (t0 + j + AHEAD < T_) prefetch(kp + AHEAD * cT, 16 * C);
+        prefetch(V + int64_t(a + t0 + j) * cT, 16 * C);
+        for (int d = 0; d < 16 * C; d++) kt[d][j] = load(kp[d]);
+      }
+      for (int r0 = 0; r0 < R; r0 += 4) {
+        const int rb = R - r0 < 4 ? R - r0 : 4;
+        v16 acc[4] = {};
+        for (int d = 0; d < 16 * C; d++)
+          for (int r = 0; r < 4; r++) acc[r] += qf[(r0 + (r < rb ? r : 0)) * 16 * C + d] * kt[d];
+        for (int r = 0; r < rb; r++)
+          for (int j = 0; j < nb; j++) s[size_t(r0 + r) * T_ + t0 + j] = acc[r][j];
+      }
     }
   }
   for (int r = 0; r < R; r++) {  // softmax numerators in place, their sum
