@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent installer used by `make run`, `make test` and CI.
 #   1. Debian packages (Open MPI for mpi4py, tmux and Chromium for the chat and viewer tests, g++ for
-#      the rollout engine's CPU attention kernel) when missing;
+#      the rollout engine's CPU kernels) when missing;
 #   2. .venv with Python 3.11;
 #   3. torch: the 2.13.0 CPU build on machines without an NVIDIA GPU;
 #   4. the project (editable) with its test, dense (FAISS) and alfworld (TextWorld + Fast Downward,
@@ -19,7 +19,7 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$KEY" ]]; then
 fi
 
 # tmux: the chat is tested in a real terminal; chromium: the run viewer is tested in a browser;
-# g++: the rollout engine builds its CPU decode-attention kernel (agent_r1/rollout/attention.py)
+# g++: the rollout engine builds its CPU kernels (agent_r1/native)
 apt_pkgs=(openmpi-bin libopenmpi-dev tmux chromium g++)
 missing=()
 for p in "${apt_pkgs[@]}"; do

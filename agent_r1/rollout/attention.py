@@ -1,32 +1,23 @@
 """Decode attention over the slot KV cache: each query row attends to a range of one slot's
 positions, in place in the cache.
 
-On a CPU the native kernel (``decode_attention.cpp``, built here once per machine with g++ and
-cached) reads every key and value once, straight from the cache; PyTorch's batched matmuls over
+On a CPU the native kernel (``agent_r1/native/decode_attention.cpp``, built once per machine:
+``agent_r1.native``) reads every key and value once, straight from the cache; PyTorch's batched matmuls over
 the same strided views copied them first (bf16: two copies per layer, about half the step's
 attention time). Elsewhere (a GPU), or where the kernel cannot be built (no compiler,
-``AGENT_R1_NATIVE_ATTENTION=0``), the same attention runs as batched matmuls over the views.
+``AGENT_R1_NATIVE=0``), the same attention runs as batched matmuls over the views.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import platform
-import subprocess
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-log = logging.getLogger(__name__)
+from agent_r1 import native
 
-SOURCE = Path(__file__).with_name("decode_attention.cpp")
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 _KERNELS = {torch.float32: "agent_r1_decode_attention_f32", torch.bfloat16: "agent_r1_decode_attention_bf16"}
 
 
@@ -99,52 +90,9 @@ def _matmul(q, K, V, span: Span, scale: float):
 
 @functools.cache
 def _native(dtype: torch.dtype):
-    """The kernel for ``dtype`` (None: not available here; said once)."""
-    if dtype not in _KERNELS or os.environ.get("AGENT_R1_NATIVE_ATTENTION", "1") == "0":
+    """The kernel for ``dtype`` (None: not available here)."""
+    if dtype not in _KERNELS:
         return None
-    try:
-        lib = ctypes.CDLL(str(build()))
-    except (OSError, subprocess.SubprocessError) as e:
-        log.warning("native decode attention unavailable (%s); using batched matmuls", e)
-        return None
-    fn = getattr(lib, _KERNELS[dtype])
     i64, i32, p = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
-    fn.argtypes = [p, i64, i64, i64, p, p, i64, i64, i64, p, p, p, i32, i32, i32, i32, ctypes.c_float, p, p, i32]  # fmt: skip
-    fn.restype = None
-    return fn
-
-
-def build() -> Path:
-    """Compile the kernel for this CPU and compiler once; the library's name hashes both with the
-    source and flags, so a cache shared by different nodes holds one build per kind of node."""
-    cxx = os.environ.get("CXX", "g++")
-    try:
-        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
-    except FileNotFoundError as e:
-        raise OSError(f"no C++ compiler ({cxx}); install g++") from e
-    key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), version.encode(), _cpu_id().encode()):
-        key.update(part)
-    cache = Path(os.environ.get("AGENT_R1_KERNEL_CACHE") or Path.home() / ".cache" / "agent_r1" / "kernels")
-    lib = cache / f"decode_attention-{key.hexdigest()[:16]}.so"
-    if lib.exists():
-        return lib
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        out = Path(tmp) / lib.name
-        done = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", str(out)], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise OSError(f"{cxx} failed to build {SOURCE.name}: {done.stderr.strip()[-2000:]}")
-        os.replace(out, lib)  # atomic: processes building at once each install a whole library
-    log.info("built %s", lib)
-    return lib
-
-
-def _cpu_id() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = f.read()
-    except OSError:
-        return platform.processor()
-    lines = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags"))]
-    return "\n".join(sorted(set(lines)))
+    args = [p, i64, i64, i64, p, p, i64, i64, i64, p, p, p, i32, i32, i32, i32, ctypes.c_float, p, p, i32]
+    return native.function("decode_attention", _KERNELS[dtype], args)

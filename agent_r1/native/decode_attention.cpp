@@ -1,8 +1,6 @@
 // Decode attention over the slot KV cache, for CPUs: one pass over each row's keys and values,
 // read in place from the cache (no gathered or transposed copies), float32 accumulation.
-// Built at run time by agent_r1/rollout/attention.py (g++ -O3 -march=native -fopenmp) and called
-// through ctypes; -fopenmp links libgomp.so.1, which resolves to the OpenMP runtime torch has
-// already loaded, so the kernel shares torch's threads and their wait policy.
+// Built and loaded by agent_r1/native (see there); called by agent_r1/rollout/attention.py.
 //
 // Row n of the query (N, H, R, D) is attended by its R query vectors per kv head h over positions
 // lo[n] <= t < hi[n] of cache slot slot[n]: o = softmax(q k_t^T * scale) v_t, lse = the log of

@@ -1,0 +1,89 @@
+"""The project's own CPU kernels (C++ sources in this folder), built on the machine that runs them.
+
+``load(name)`` compiles ``<name>.cpp`` once per machine kind (g++ -O3 -march=native -fopenmp;
+the library's file name hashes the source, flags, compiler and CPU, so a cache shared by different
+nodes holds one build per kind of node) and returns it through ctypes. ``-fopenmp`` links
+libgomp.so.1, which resolves to the OpenMP runtime torch has already loaded: a kernel shares
+torch's threads and their wait policy. Where nothing can be built (no compiler) ``load`` returns
+None once, with a warning, and the caller runs its PyTorch path; ``AGENT_R1_NATIVE=0`` turns every
+kernel off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).parent
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+
+
+def enabled() -> bool:
+    return os.environ.get("AGENT_R1_NATIVE", "1") != "0"
+
+
+@functools.cache
+def load(name: str) -> ctypes.CDLL | None:
+    """The built library of ``<name>.cpp``; None where it cannot be built here (said once)."""
+    if not enabled():
+        return None
+    try:
+        return ctypes.CDLL(str(build(name)))
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("native kernel %s unavailable (%s); using the PyTorch path", name, e)
+        return None
+
+
+def build(name: str) -> Path:
+    """Compile ``<name>.cpp`` for this CPU and compiler once (atomic: processes building at once
+    each install a whole library)."""
+    source = HERE / f"{name}.cpp"
+    cxx = os.environ.get("CXX", "g++")
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
+    except FileNotFoundError as e:
+        raise OSError(f"no C++ compiler ({cxx}); install g++") from e
+    key = hashlib.sha256()
+    for part in (source.read_bytes(), " ".join(FLAGS).encode(), version.encode(), _cpu_id().encode()):
+        key.update(part)
+    cache = Path(os.environ.get("AGENT_R1_KERNEL_CACHE") or Path.home() / ".cache" / "agent_r1" / "kernels")
+    lib = cache / f"{name}-{key.hexdigest()[:16]}.so"
+    if lib.exists():
+        return lib
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        out = Path(tmp) / lib.name
+        done = subprocess.run([cxx, *FLAGS, str(source), "-o", str(out)], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise OSError(f"{cxx} failed to build {source.name}: {done.stderr.strip()[-2000:]}")
+        os.replace(out, lib)
+    log.info("built %s", lib)
+    return lib
+
+
+def function(name: str, symbol: str, argtypes: list) -> ctypes._CFuncPtr | None:
+    """``symbol`` of library ``name`` with its argument types set; None where it is not built."""
+    lib = load(name)
+    if lib is None:
+        return None
+    fn = getattr(lib, symbol)
+    fn.argtypes, fn.restype = argtypes, None
+    return fn
+
+
+def _cpu_id() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+    except OSError:
+        return platform.processor()
+    return "\n".join(sorted({ln for ln in info.splitlines() if ln.startswith(("model name", "flags"))}))
