@@ -4,12 +4,15 @@ min-p truncation (SGLang's meaning); T = 0 is greedy with log_softmax(logits).""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from agent_r1 import native
 from agent_r1.service import BadRequest
 
 SEED_LIMIT = (1 << 63) - 128  # seed + sample index (n <= 128) still seeds a torch.Generator
@@ -119,34 +122,45 @@ def sample_batch(
     the request's own generator when it has a ``sampling_seed`` (reproducible whatever else is in
     the batch). Returns tokens, their logprobs under softmax(logits / T) before truncation, and
     (``want_probs``) those probabilities (B, V) for top-logprob reporting. Three passes over the
-    logits (max, exp, cumulative sum): the softmax is never normalised as a whole.
+    logits (max, exp, cumulative sum): the softmax is never normalised as a whole. Logits may be
+    float32 or bf16 (read as float32); on a CPU, batches without truncation, banned tokens or
+    top logprobs run as one native pass per row (``agent_r1/native/sample.cpp``), the same draws.
     """
     B = logits.shape[0]
+    temps = [p.temperature for p in params]
+    sampled = [i for i, t in enumerate(temps) if t > 0]
+    plain = not want_probs and not any(banned) and not any(_truncates(params[i]) for i in sampled)
+    kernel = _kernel(logits) if plain else None
+    if kernel is not None:
+        u = _uniforms(B, gens, shared) if sampled else torch.zeros(B, 1)
+        temp = torch.tensor([t or 1.0 for t in temps], dtype=torch.float32)
+        greedy = torch.tensor([t == 0 for t in temps], dtype=torch.uint8)
+        toks, lps = torch.empty(B, dtype=torch.int64), torch.empty(B, dtype=torch.float32)
+        args = (logits, temp, greedy, u, toks, lps)  # held here: the kernel gets their addresses only
+        ptr = [ctypes.c_void_p(a.data_ptr()) for a in args]
+        kernel(ptr[0], logits.stride(0), B, logits.shape[1], *ptr[1:], torch.get_num_threads())
+        return toks.tolist(), lps.tolist(), None
+    logits = logits.float()
     if any(b for b in banned):
         logits = logits.clone()
         for i, b in enumerate(banned):
             if b:
                 logits[i, b] = float("-inf")
-    temps = [p.temperature for p in params]
     z = logits
     if any(t not in (0, 1) for t in temps):  # greedy rows report log_softmax(logits): T = 1
         z = logits / torch.tensor([t or 1.0 for t in temps], dtype=logits.dtype).unsqueeze(1)
     m = z.amax(-1, keepdim=True)
     e = torch.exp(z - m)
-    sampled = [i for i, t in enumerate(temps) if t > 0]
     if sampled:
         cdf = e.cumsum(-1)
         total = cdf[:, -1:]
-        trunc = [i for i in sampled if params[i].top_k > 0 or params[i].top_p < 1.0 or params[i].min_p > 0]
+        trunc = [i for i in sampled if _truncates(params[i])]
         draw_cdf = cdf
         if trunc:
             draw_cdf = cdf.clone()
             for i in trunc:
                 draw_cdf[i] = _truncate(e[i], params[i]).cumsum(-1)
-        u = torch.rand(B, 1, generator=shared, dtype=e.dtype)
-        for i in range(B):
-            if gens[i] is not None:
-                u[i, 0] = torch.rand(1, generator=gens[i], dtype=e.dtype)[0]
+        u = _uniforms(B, gens, shared)
         target = u.clamp(min=1e-12) * draw_cdf[:, -1:]
         toks = torch.searchsorted(draw_cdf, target).squeeze(1).clamp(max=logits.shape[1] - 1)
         if len(sampled) < B:
@@ -156,6 +170,35 @@ def sample_batch(
         toks = logits.argmax(-1)
     lps = (z.gather(1, toks.unsqueeze(1)) - m - torch.log(total)).squeeze(1)
     return toks.tolist(), lps.tolist(), (e / total if want_probs else None)
+
+
+def _uniforms(B: int, gens: list[torch.Generator | None], shared: torch.Generator) -> torch.Tensor:
+    """(B, 1) float32 uniforms: from the request's own generator where it has a seed."""
+    u = torch.rand(B, 1, generator=shared, dtype=torch.float32)
+    for i in range(B):
+        if gens[i] is not None:
+            u[i, 0] = torch.rand(1, generator=gens[i], dtype=torch.float32)[0]
+    return u
+
+
+def _truncates(s: Sampling) -> bool:
+    return s.top_k > 0 or s.top_p < 1.0 or s.min_p > 0
+
+
+_KERNELS = {torch.float32: "agent_r1_sample_f32", torch.bfloat16: "agent_r1_sample_bf16"}
+
+
+def _kernel(logits: torch.Tensor):
+    """The native sampler for these logits (CPU, float32 or bf16, rows of unit stride), or None."""
+    if logits.device.type != "cpu" or logits.dtype not in _KERNELS or logits.stride(-1) != 1:
+        return None
+    return _sampler(logits.dtype)
+
+
+@functools.cache
+def _sampler(dtype: torch.dtype):
+    i64, i32, p = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+    return native.function("sample", _KERNELS[dtype], [p, i64, i32, i32, p, p, p, p, p, i32])
 
 
 def _truncate(probs: torch.Tensor, s: Sampling) -> torch.Tensor:

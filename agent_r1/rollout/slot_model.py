@@ -247,7 +247,9 @@ class SlotModel:
         return x + L.down(F.silu(gate) * up)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(F.rms_norm(x, (x.shape[-1],), self.norm[0], self.norm[1])).float()
+        """In the model's dtype: the sampler reads them in float32 (converting a bf16 (B, vocab)
+        block first took as long as sampling it)."""
+        return self.lm_head(F.rms_norm(x, (x.shape[-1],), self.norm[0], self.norm[1]))
 
     # ---- prefill / decode ------------------------------------------------------------------------------
     @torch.inference_mode()

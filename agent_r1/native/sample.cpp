@@ -1,0 +1,75 @@
+// One token per row of a logits matrix (float32 or bfloat16, read in place), as
+// agent_r1/rollout/sampling.py's sample_batch does without truncation: z = logits / temp,
+// greedy rows take the argmax (the first of equal maxima), sampled rows the first token whose
+// running sum of exp(z - max) reaches u * (the whole sum) (inverse CDF with the row's uniform u);
+// every row's logprob is z[token] - max - log(sum). Three passes over a row that stays in cache
+// (max; exponentials and their sum; the running sum up to the draw), all in float32.
+// Built and loaded by agent_r1/native.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+inline float load(float x) { return x; }
+inline float load(uint16_t x) {  // bfloat16 bits
+  uint32_t u = uint32_t(x) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+template <typename T>
+void sample(const T* logits, int64_t row_stride, int B, int V, const float* temp, const uint8_t* greedy,
+            const float* u, int64_t* token, float* logprob, int threads) {
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> e(V);
+#pragma omp for schedule(dynamic, 1)
+    for (int b = 0; b < B; b++) {
+      const T* x = logits + int64_t(b) * row_stride;
+      const float t = temp[b];
+      float m = load(x[0]) / t;
+      int arg = 0;
+      for (int j = 1; j < V; j++) {
+        const float z = load(x[j]) / t;
+        if (z > m) m = z, arg = j;
+      }
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int j = 0; j < V; j++) {
+        e[j] = std::exp(load(x[j]) / t - m);
+        sum += e[j];
+      }
+      int tok = arg;
+      if (!greedy[b]) {
+        const float target = (u[b] > 1e-12f ? u[b] : 1e-12f) * sum;
+        float run = 0.0f;
+        tok = V - 1;
+        for (int j = 0; j < V; j++) {
+          run += e[j];
+          if (run >= target) {
+            tok = j;
+            break;
+          }
+        }
+      }
+      token[b] = tok;
+      logprob[b] = load(x[tok]) / t - m - std::log(sum);
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+void agent_r1_sample_f32(const float* logits, int64_t row_stride, int B, int V, const float* temp,
+                         const uint8_t* greedy, const float* u, int64_t* token, float* logprob, int threads) {
+  sample(logits, row_stride, B, V, temp, greedy, u, token, logprob, threads);
+}
+void agent_r1_sample_bf16(const uint16_t* logits, int64_t row_stride, int B, int V, const float* temp,
+                          const uint8_t* greedy, const float* u, int64_t* token, float* logprob, int threads) {
+  sample(logits, row_stride, B, V, temp, greedy, u, token, logprob, threads);
+}
+}
