@@ -14,6 +14,7 @@ through ``F.linear``.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from agent_r1 import native
 from agent_r1.rollout.attention import Span, attend
 from agent_r1.vision.qwen2_vl import is_vision_config, mrope_sections
 
@@ -142,7 +144,7 @@ class SlotModel:
         shape = (len(self.inner.layers), slots, self.n_kv, max_len, self.head_dim)
         self.k = torch.zeros(shape, dtype=self.dtype, device=dev)
         self.v = torch.zeros(shape, dtype=self.dtype, device=dev)
-        self.native_attention = True  # decode attention's native CPU kernel, where it builds (attention.py)
+        self.native = True  # decode through the native CPU kernels where they build (agent_r1/native)
         with torch.no_grad():
             probe = torch.zeros(1, 1, cfg.hidden_size, dtype=self.dtype, device=dev)
             cos, sin = self.inner.rotary_emb(probe, torch.arange(max_len, device=dev).unsqueeze(0))
@@ -238,6 +240,22 @@ class SlotModel:
         cos, sin = rope
         qk = qk * cos + qk.roll(D // 2, -1) * sin
         return qk[:, :H], qk[:, H:], v
+
+    def _qkv_native(self, store, L: _Layer, x, rope, li: int, rows: torch.Tensor, pos: torch.Tensor):
+        """``_qkv`` and the cache writes of a decode step in one kernel (``rope_store.cpp``): q
+        (N, heads, D) back, k and v written at (row, pos) of layer ``li``."""
+        N, D, H = x.shape[0], self.head_dim, self.n_heads
+        qkv = L.qkv(F.rms_norm(x, (x.shape[-1],), L.ln1, L.ln1_eps))
+        q = qkv.new_empty(N, H, D)
+        K, V = self.k[li], self.v[li]
+        qn, kn = L.q_norm or (None, 0.0), L.k_norm or (None, 0.0)
+        held = (qkv, rope[0], rope[1], qn[0], kn[0], q, K, V, rows, pos)  # alive across the call
+        p = [None if t is None else ctypes.c_void_p(t.data_ptr()) for t in held]
+        store(
+            p[0], qkv.stride(0), N, H, self.n_kv, D, p[1], p[2], p[3], p[4], qn[1], kn[1], p[5], p[6], p[7],
+            *K.stride()[:3], p[8], p[9], torch.get_num_threads(),
+        )  # fmt: skip
+        return q
 
     def _mlp(self, L: _Layer, x: torch.Tensor) -> torch.Tensor:
         h = F.rms_norm(x, (x.shape[-1],), L.ln2, L.ln2_eps)
@@ -336,18 +354,32 @@ class SlotModel:
         group = self.n_heads // self.n_kv
         rows = torch.arange(B, device=pos.device)
         rope = self._rope(pos if rope_pos is None else rope_pos)
+        store = _rope_store(self.dtype) if self.native and self.device.type == "cpu" else None
         for li, L in enumerate(self.layers):
-            q, k, v = self._qkv(L, x, rope)
-            self.k[li, rows, :, pos] = k
-            self.v[li, rows, :, pos] = v
+            if store is None:
+                q, k, v = self._qkv(L, x, rope)
+                self.k[li, rows, :, pos] = k
+                self.v[li, rows, :, pos] = v
+            else:
+                q = self._qkv_native(store, L, x, rope, li, rows, pos)
             # grouped-query attention: a kv head's `group` queries attend together, no expanded K/V
             qg = q.view(B, self.n_kv, group, self.head_dim)
-            o, lse = attend(qg, self.k[li], self.v[li], own, self.scaling, self.native_attention)
+            o, lse = attend(qg, self.k[li], self.v[li], own, self.scaling, self.native)
             if cascade is not None:
-                o = cascade.merge(qg, self.k[li], self.v[li], o, lse, self.scaling, self.native_attention)
+                o = cascade.merge(qg, self.k[li], self.v[li], o, lse, self.scaling, self.native)
             x = x + L.o(o.reshape(B, -1))
             x = self._mlp(L, x)
         return self._logits(x)
+
+
+@functools.cache
+def _rope_store(dtype: torch.dtype):
+    symbol = {torch.float32: "agent_r1_rope_store_f32", torch.bfloat16: "agent_r1_rope_store_bf16"}.get(dtype)
+    if symbol is None:
+        return None
+    i64, i32, f32, p = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+    args = [p, i64, i32, i32, i32, i32, p, p, p, p, f32, f32, p, p, p, i64, i64, i64, p, p, i32]
+    return native.function("rope_store", symbol, args)
 
 
 class _Cascade:
