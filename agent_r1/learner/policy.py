@@ -75,16 +75,20 @@ def install_packed_rotary(model: Any, sections: torch.Tensor | None = None) -> P
 class _Bucket:
     rows: torch.Tensor  # (nb * L,) stream rows gathered into the padded block (a pad repeats a real row)
     keep: torch.Tensor | None  # (real rows,) their places in the block; None: no padding
-    mask: torch.Tensor | None  # (nb, 1, L, L) bool, True = attend; None: one sequence, plain causal
     nb: int
     L: int
 
 
 @dataclass
 class AttentionPlan:
-    """The sequences of a packed stream in buckets of similar length: one SDPA call per bucket
-    (padded, with a causal + key-padding mask) instead of one per sequence. ``perm`` puts the
-    buckets' real rows back in stream order."""
+    """The sequences of a packed stream in buckets of similar length: one causal SDPA call per
+    bucket instead of one per sequence. ``perm`` puts the buckets' real rows back in stream order.
+
+    A bucket's sequences are padded at their ends, so the causal mask alone keeps each real row to
+    its own sequence's keys (pads come after them); the pad rows' outputs are dropped, so they pass
+    no gradient to anything. No explicit mask: the CPU flash kernel then skips the blocks above the
+    diagonal instead of reading an (L x L) mask (the attention of a SmolLM2-shaped bf16 update:
+    1.38 -> 0.97 s)."""
 
     buckets: list[_Bucket]
     perm: torch.Tensor
@@ -111,12 +115,7 @@ class AttentionPlan:
             keep = np.flatnonzero(valid.ravel())
             dest.append(rows[keep])
             t = lambda x: torch.from_numpy(x).to(device)  # noqa: E731
-            if j - i == 1:
-                buckets.append(_Bucket(t(rows), None, None, 1, L))
-            else:
-                causal = np.tril(np.ones((L, L), dtype=bool))
-                mask = causal[None, None] & valid[:, None, None, :]
-                buckets.append(_Bucket(t(rows), t(keep), t(mask), j - i, L))
+            buckets.append(_Bucket(t(rows), None if j - i == 1 else t(keep), j - i, L))
             i = j
         return cls(buckets, torch.from_numpy(np.argsort(np.concatenate(dest))).to(device))
 
@@ -181,7 +180,7 @@ class PackedAttention(torch.nn.Module):
                 for x in (q, k, v)
             )
             o = F.scaled_dot_product_attention(
-                qb, kb, vb, attn_mask=bk.mask, is_causal=bk.mask is None, scale=self.inner.softmax_scale,
+                qb, kb, vb, is_causal=True, scale=self.inner.softmax_scale,
                 enable_gqa=kb.shape[1] != heads,
             )  # fmt: skip
             o = o.transpose(1, 2).reshape(bk.nb * bk.L, heads * hn)
