@@ -174,7 +174,7 @@ class PackedAttention(torch.nn.Module):
             return o[0].transpose(0, 1).reshape(sq, b, heads * hn)
         q, k, v = query.squeeze(1), key.squeeze(1), value.squeeze(1)  # views: a select's backward would copy
         dtype = q.dtype
-        if q.device.type == "cpu" and dtype != torch.float32:
+        if q.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
             # PyTorch's CPU flash attention runs faster in float32 than in bf16 (forward + backward
             # of a SmolLM2 bucket: 25 against 29-37 ms), and is exact-er; the output goes back to bf16
             q, k, v = q.float(), k.float(), v.float()

@@ -92,3 +92,7 @@ def test_bucketed_attention_equals_per_sequence_causal_attention_with_gradients(
     torch.testing.assert_close(out, torch.cat(outs).detach(), rtol=1e-10, atol=1e-10)
     for got, ref in zip(leaves, ref_leaves, strict=True):
         torch.testing.assert_close(got.grad, ref.grad, rtol=1e-10, atol=1e-10)
+    # a bf16 model's attention (computed in float32 on a CPU) comes back in bf16, within its rounding
+    low = attn(*(x.bfloat16() for x in (q, k, v)), None)
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.double(), out, rtol=0, atol=3e-2)
