@@ -11,6 +11,8 @@ long stream never materialises an fp32 (tokens x vocab) tensor.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from agent_r1 import native
 from agent_r1.learner import context_parallel
 from agent_r1.learner.packing import Packed
 
@@ -252,17 +255,27 @@ class _VocabParallelLogprob(torch.autograd.Function):
     def forward(ctx, logits, targets, vocab_start, group, temperature, vocab_size):
         """logits (A, V/tp), targets (A,) global ids -> logprob (A,), entropy (A,) in fp32."""
         ctx.set_materialize_grads(False)  # an unused output (the entropy, usually) gets no gradient
-        z = _shifted(logits, temperature, vocab_start, vocab_size)  # may be ``logits`` itself
-        m = z.max(-1).values
-        if group is not None:
-            dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
-        z = z - m.unsqueeze(-1)
-        ex = z.exp()
-        local = (targets - vocab_start).clamp(0, z.shape[-1] - 1)
-        inside = (targets >= vocab_start) & (targets < vocab_start + z.shape[-1])
-        tz = torch.where(inside, z.gather(-1, local.unsqueeze(-1)).squeeze(-1), torch.zeros_like(m))
-        ez = torch.bmm(ex.unsqueeze(1), z.unsqueeze(2)).view(-1)  # sum_j ex_j z_j without an (A, V) product
-        stats = torch.stack([ex.sum(-1), ez, tz], -1)
+        width = logits.shape[-1]
+        local = (targets - vocab_start).clamp(0, width - 1)
+        inside = (targets >= vocab_start) & (targets < vocab_start + width)
+        kernel = _LogprobKernel.of(logits, temperature, vocab_start, vocab_size)
+        if kernel is not None:  # the same numbers, one row at a time in cache (agent_r1/native)
+            m = kernel.row_max()
+            if group is not None:
+                dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+            stats = kernel.row_stats(m, local, inside)
+        else:
+            z = _shifted(logits, temperature, vocab_start, vocab_size)  # may be ``logits`` itself
+            m = z.max(-1).values
+            if group is not None:
+                dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+            z = z - m.unsqueeze(-1)
+            ex = z.exp()
+            tz = torch.where(inside, z.gather(-1, local.unsqueeze(-1)).squeeze(-1), torch.zeros_like(m))
+            ez = torch.bmm(ex.unsqueeze(1), z.unsqueeze(2)).view(
+                -1
+            )  # sum_j ex_j z_j without an (A, V) product
+            stats = torch.stack([ex.sum(-1), ez, tz], -1)
         if group is not None:
             dist.all_reduce(stats, group=group)
         sumexp, ez, tz = stats.unbind(-1)
@@ -277,6 +290,10 @@ class _VocabParallelLogprob(torch.autograd.Function):
     def backward(ctx, g_lp: torch.Tensor | None, g_ent: torch.Tensor | None):
         logits, m, local, inside, sumexp, lse, entropy = ctx.saved_tensors
         temperature, vocab_start, vocab_size = ctx.shift
+        kernel = _LogprobKernel.of(logits, temperature, vocab_start, vocab_size)
+        if kernel is not None:
+            grad = kernel.row_grad(m, sumexp, lse, entropy, g_lp, g_ent, local, inside)
+            return grad, None, None, None, None, None
         z = _shifted(logits, temperature, vocab_start, vocab_size) - m.unsqueeze(-1)
         ex = z.exp()
         # p_j = ex_j / sumexp;  d logprob / d z_j = 1[j = target] - p_j;  d H / d z_j = -p_j (log p_j + H)
@@ -293,6 +310,70 @@ class _VocabParallelLogprob(torch.autograd.Function):
         if temperature != 1.0:  # z = logits / T
             grad.div_(temperature)
         return grad.to(logits.dtype), None, None, None, None, None
+
+
+class _LogprobKernel:
+    """``agent_r1/native/logprob.cpp`` over one contiguous (A, V/tp) logits block on a CPU
+    (float32 or bf16); ``of`` gives None elsewhere (a GPU, no compiler): the PyTorch path."""
+
+    def __init__(self, fns, logits, temperature, vocab_start, vocab_size):
+        self.fns, self.x = fns, logits
+        self.A, self.W = logits.shape
+        self.V = self.W if vocab_size is None else max(0, min(self.W, vocab_size - vocab_start))
+        self.inv_t = 1.0 / temperature
+
+    @classmethod
+    def of(cls, logits, temperature, vocab_start, vocab_size) -> _LogprobKernel | None:
+        if logits.device.type != "cpu" or logits.dim() != 2 or not logits.is_contiguous():
+            return None
+        fns = _logprob_kernels(logits.dtype)
+        return None if fns is None else cls(fns, logits, temperature, vocab_start, vocab_size)
+
+    def _call(self, fn, *args):
+        held = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]  # alive across the call
+        conv = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else a for a in held]
+        conv = [ctypes.c_void_p(None) if a is _NULL else a for a in conv]
+        fn(*conv, torch.get_num_threads())
+        return held
+
+    def row_max(self) -> torch.Tensor:
+        m = torch.empty(self.A, dtype=torch.float32)
+        self._call(self.fns[0], self.x, self.x.stride(0), self.A, self.V, self.inv_t, m)
+        return m
+
+    def row_stats(self, m, local, inside) -> torch.Tensor:
+        stats = torch.empty(self.A, 3, dtype=torch.float32)
+        inside8 = inside.to(torch.uint8)
+        self._call(
+            self.fns[1], self.x, self.x.stride(0), self.A, self.V, self.inv_t, m, local, inside8, stats
+        )
+        return stats
+
+    def row_grad(self, m, sumexp, lse, entropy, g_lp, g_ent, local, inside) -> torch.Tensor:
+        grad = torch.empty((self.A, self.W), dtype=self.x.dtype)
+        g_lp = _NULL if g_lp is None else g_lp.float()
+        g_ent = _NULL if g_ent is None else g_ent.float()
+        args = (self.x, self.x.stride(0), self.A, self.V, self.W, self.inv_t, m, sumexp, lse, entropy)
+        self._call(self.fns[2], *args, g_lp, g_ent, local.long(), inside.to(torch.uint8), grad)
+        return grad
+
+
+_NULL = object()  # a null pointer argument
+
+
+@functools.cache
+def _logprob_kernels(dtype: torch.dtype):
+    name = {torch.float32: "f32", torch.bfloat16: "bf16"}.get(dtype)
+    if name is None:
+        return None
+    i64, i32, f32, p = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+    head = [p, i64, i32, i32]
+    fns = (
+        native.function("logprob", f"agent_r1_logprob_max_{name}", [*head, f32, p, i32]),
+        native.function("logprob", f"agent_r1_logprob_stats_{name}", [*head, f32, p, p, p, p, i32]),
+        native.function("logprob", f"agent_r1_logprob_grad_{name}", [*head, i32, f32, *[p] * 9, i32]),
+    )
+    return None if None in fns else fns
 
 
 def vocab_parallel_logprob_entropy(

@@ -96,3 +96,35 @@ def test_bucketed_attention_equals_per_sequence_causal_attention_with_gradients(
     low = attn(*(x.bfloat16() for x in (q, k, v)), None)
     assert low.dtype == torch.bfloat16
     torch.testing.assert_close(low.double(), out, rtol=0, atol=3e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_native_logprob_kernel_equals_the_pytorch_path(dtype, monkeypatch):
+    """On a CPU the vocabulary-parallel logprob/entropy runs as ``native/logprob.cpp``: logprobs,
+    entropies and the logits' gradients (from both outputs, and from the logprob alone) are those
+    of the PyTorch path (which the Megatron workers check against autograd on the full softmax),
+    for a TP rank's slice with padding columns, a temperature, and targets outside the slice."""
+    from agent_r1.learner import policy
+
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(37, 100, generator=g) * 4).to(dtype)
+    targets = torch.randint(0, 140, (37,), generator=g)  # the slice holds ids 50..149, real up to 139
+    start, size, temp = 50, 140, 0.7
+    w_lp, w_ent = torch.randn(37, generator=g), torch.randn(37, generator=g)
+    assert policy._LogprobKernel.of(logits, temp, start, size) is not None
+
+    def run(with_entropy: bool):
+        x = logits.clone().requires_grad_(True)
+        lp, ent = policy.vocab_parallel_logprob_entropy(x, targets, start, None, size, temp)
+        ((lp * w_lp).sum() + ((ent * w_ent).sum() if with_entropy else 0)).backward()
+        return lp.detach(), ent.detach(), x.grad
+
+    native = [run(True), run(False)]
+    monkeypatch.setattr(policy._LogprobKernel, "of", classmethod(lambda cls, *a: None))
+    ref = [run(True), run(False)]
+    for got, want in zip(native, ref, strict=True):
+        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+        assert got[2].dtype == dtype and (got[2][:, size - start :] == 0).all()  # padding: no gradient
+        tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-4)
+        torch.testing.assert_close(got[2], want[2], **tol)
