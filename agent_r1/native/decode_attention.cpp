@@ -66,11 +66,17 @@ void generic(const float* qf, int R, int D, const T* K, const T* V, int64_t cT, 
 typedef float v16 __attribute__((vector_size(64)));
 
 inline float hsum(v16 x) {
+#if defined(__clang__) || __GNUC__ >= 12  // __builtin_shufflevector
   typedef float v8 __attribute__((vector_size(32)));
   typedef float v4 __attribute__((vector_size(16)));
   v8 a = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
   v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
   return (b[0] + b[2]) + (b[1] + b[3]);
+#else
+  float s = 0.0f;
+  for (int i = 0; i < 16; i++) s += x[i];
+  return s;
+#endif
 }
 
 template <typename T>

@@ -102,18 +102,19 @@ ALLOWED = {
     "forkserver": set(),
     "cpus": set(),  # the cores a process may use; choosing torch's thread count while running  # children forked from a pre-imported process (agent programs, sandboxed code)
     "vision": set(),
+    "native": set(),  # the C++ CPU kernels and their build (imports nothing of the package)
     "algos": {"registry"},
     "records": set(),
     "jsonfiles": set(),
     "checkpoint_names": set(),  # a model's tensors under its checkpoint's names (stacked experts)
     "service": {"jsonfiles"},  # the HTTP service kit and the addresses services publish
-    "rollout": {"records", "process", "vision", "service", "checkpoint_names", "cpus"},
+    "rollout": {"records", "process", "vision", "service", "checkpoint_names", "cpus", "native"},
     "retrieval": {"jsonfiles", "service"},
     "tools": {"registry", "retrieval", "vision", "forkserver"},
     "rewards": {"registry"},
     "data": {"records", "vision"},
     "agent": {"rollout", "records", "data", "tools", "rewards", "registry", "vision"},
-    "learner": {"algos", "records", "vision", "checkpoint_names", "cpus"},
+    "learner": {"algos", "records", "vision", "checkpoint_names", "cpus", "native"},
     "serving": {"agent", "rollout", "vision", "service"},
     # agent programs through an OpenAI-compatible endpoint: an agent flow built on the serving routes
     "gateway": {"agent", "serving", "records", "data", "vision", "service", "forkserver"},
