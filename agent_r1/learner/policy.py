@@ -11,7 +11,6 @@ long stream never materialises an fp32 (tokens x vocab) tensor.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
 from dataclasses import dataclass
@@ -330,11 +329,7 @@ class _LogprobKernel:
         return None if fns is None else cls(fns, logits, temperature, vocab_start, vocab_size)
 
     def _call(self, fn, *args):
-        held = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]  # alive across the call
-        conv = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else a for a in held]
-        conv = [ctypes.c_void_p(None) if a is _NULL else a for a in conv]
-        fn(*conv, torch.get_num_threads())
-        return held
+        native.call(fn, *(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args))
 
     def row_max(self) -> torch.Tensor:
         m = torch.empty(self.A, dtype=torch.float32)
@@ -351,27 +346,20 @@ class _LogprobKernel:
 
     def row_grad(self, m, sumexp, lse, entropy, g_lp, g_ent, local, inside) -> torch.Tensor:
         grad = torch.empty((self.A, self.W), dtype=self.x.dtype)
-        g_lp = _NULL if g_lp is None else g_lp.float()
-        g_ent = _NULL if g_ent is None else g_ent.float()
+        g_lp = None if g_lp is None else g_lp.float()
+        g_ent = None if g_ent is None else g_ent.float()
         args = (self.x, self.x.stride(0), self.A, self.V, self.W, self.inv_t, m, sumexp, lse, entropy)
         self._call(self.fns[2], *args, g_lp, g_ent, local.long(), inside.to(torch.uint8), grad)
         return grad
 
 
-_NULL = object()  # a null pointer argument
-
-
 @functools.cache
 def _logprob_kernels(dtype: torch.dtype):
-    name = {torch.float32: "f32", torch.bfloat16: "bf16"}.get(dtype)
-    if name is None:
-        return None
-    i64, i32, f32, p = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
-    head = [p, i64, i32, i32]
+    head = "p i64 i32 i32"
     fns = (
-        native.function("logprob", f"agent_r1_logprob_max_{name}", [*head, f32, p, i32]),
-        native.function("logprob", f"agent_r1_logprob_stats_{name}", [*head, f32, p, p, p, p, i32]),
-        native.function("logprob", f"agent_r1_logprob_grad_{name}", [*head, i32, f32, *[p] * 9, i32]),
+        native.function("logprob", "agent_r1_logprob_max", dtype, f"{head} f32 p"),
+        native.function("logprob", "agent_r1_logprob_stats", dtype, f"{head} f32 p p p p"),
+        native.function("logprob", "agent_r1_logprob_grad", dtype, f"{head} i32 f32 {' '.join(['p'] * 9)}"),
     )
     return None if None in fns else fns
 

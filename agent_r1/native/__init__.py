@@ -1,6 +1,6 @@
 """The project's own CPU kernels (C++ sources in this folder), built on the machine that runs them.
 
-``load(name)`` compiles ``<name>.cpp`` once per machine kind (g++ -O3 -march=native -fopenmp;
+``load(name)`` compiles ``<name>.cpp`` (with the folder's headers) once per machine kind (g++ -O3 -march=native -fopenmp;
 the library's file name hashes the source, flags, compiler and CPU, so a cache shared by different
 nodes holds one build per kind of node) and returns it through ctypes. ``-fopenmp`` links
 libgomp.so.1, which resolves to the OpenMP runtime torch has already loaded: a kernel shares
@@ -20,6 +20,7 @@ import platform
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,14 @@ def build(name: str) -> Path:
     except FileNotFoundError as e:
         raise OSError(f"no C++ compiler ({cxx}); install g++") from e
     key = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join(FLAGS).encode(), version.encode(), _cpu_id().encode()):
+    headers = [h.read_bytes() for h in sorted(HERE.glob("*.h"))]
+    for part in (
+        source.read_bytes(),
+        *headers,
+        " ".join(FLAGS).encode(),
+        version.encode(),
+        _cpu_id().encode(),
+    ):
         key.update(part)
     cache = Path(os.environ.get("AGENT_R1_KERNEL_CACHE") or Path.home() / ".cache" / "agent_r1" / "kernels")
     lib = cache / f"{name}-{key.hexdigest()[:16]}.so"
@@ -70,14 +78,40 @@ def build(name: str) -> Path:
     return lib
 
 
-def function(name: str, symbol: str, argtypes: list) -> ctypes._CFuncPtr | None:
-    """``symbol`` of library ``name`` with its argument types set; None where it is not built."""
-    lib = load(name)
+_TYPES = {"p": ctypes.c_void_p, "i32": ctypes.c_int, "i64": ctypes.c_int64, "f32": ctypes.c_float}
+
+
+def function(name: str, symbol: str, dtype: Any, signature: str) -> ctypes._CFuncPtr | None:
+    """``<symbol>_f32`` or ``<symbol>_bf16`` (by the torch ``dtype`` it works on) of library
+    ``name``; ``signature``: its arguments before the thread count (``call`` adds it), as ``p``
+    (a pointer), ``i32``, ``i64`` or ``f32``. None where the dtype has no kernel or nothing is built."""
+    import torch
+
+    suffix = {torch.float32: "f32", torch.bfloat16: "bf16"}.get(dtype)
+    lib = load(name) if suffix else None
     if lib is None:
         return None
-    fn = getattr(lib, symbol)
-    fn.argtypes, fn.restype = argtypes, None
+    fn = getattr(lib, f"{symbol}_{suffix}")
+    fn.argtypes, fn.restype = [*(_TYPES[t] for t in signature.split()), ctypes.c_int], None
     return fn
+
+
+def call(fn: ctypes._CFuncPtr, *args: Any) -> None:
+    """Call a kernel: a tensor passes as its data pointer (the tensors stay referenced by ``args``
+    for the call), None as a null pointer, a number as itself; torch's thread count goes last."""
+    import torch
+
+    fn(
+        *(
+            ctypes.c_void_p(a.data_ptr())
+            if isinstance(a, torch.Tensor)
+            else ctypes.c_void_p(None)
+            if a is None
+            else a
+            for a in args
+        ),
+        torch.get_num_threads(),
+    )
 
 
 def _cpu_id() -> str:

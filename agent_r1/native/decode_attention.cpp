@@ -11,26 +11,12 @@
 #include <cstring>
 #include <vector>
 
+#include "bf16.h"
+
 namespace {
 
-inline float load(float x) { return x; }
-inline float load(uint16_t x) {  // bfloat16 bits
-  uint32_t u = uint32_t(x) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline void store(float* p, float x) { *p = x; }
-inline void store(uint16_t* p, float x) {  // round to nearest even; NaN stays NaN
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) {
-    *p = uint16_t((u >> 16) | 0x40u);
-    return;
-  }
-  u += 0x7fffu + ((u >> 16) & 1u);
-  *p = uint16_t(u >> 16);
-}
+using agent_r1::load;
+using agent_r1::store;
 
 // Any head dimension, scalar loops the compiler vectorises as it can.
 template <typename T>

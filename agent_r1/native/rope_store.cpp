@@ -9,32 +9,13 @@
 #include <cstring>
 #include <vector>
 
+#include "bf16.h"
+
 namespace {
 
-inline float load(float x) { return x; }
-inline float load(uint16_t x) {
-  uint32_t u = uint32_t(x) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline void store(float* p, float x) { *p = x; }
-inline void store(uint16_t* p, float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) {
-    *p = uint16_t((u >> 16) | 0x40u);
-    return;
-  }
-  u += 0x7fffu + ((u >> 16) & 1u);
-  *p = uint16_t(u >> 16);
-}
-inline float round_to(float x, float) { return x; }
-inline float round_to(float x, uint16_t) {  // the value x takes in bf16
-  uint16_t b;
-  store(&b, x);
-  return load(b);
-}
+using agent_r1::load;
+using agent_r1::store;
+using agent_r1::round_to;
 
 template <typename T>
 void rope_store(const T* qkv, int64_t row, int N, int H, int KV, int D, const T* cos, const T* sin,

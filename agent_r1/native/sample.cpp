@@ -10,15 +10,12 @@
 #include <cstring>
 #include <vector>
 
+#include "bf16.h"
+
 namespace {
 
-inline float load(float x) { return x; }
-inline float load(uint16_t x) {  // bfloat16 bits
-  uint32_t u = uint32_t(x) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using agent_r1::load;
+using agent_r1::store;
 
 template <typename T>
 void sample(const T* logits, int64_t row_stride, int B, int V, const float* temp, const uint8_t* greedy,

@@ -10,15 +10,12 @@ attention time). Elsewhere (a GPU), or where the kernel cannot be built (no comp
 
 from __future__ import annotations
 
-import ctypes
 import functools
 from dataclasses import dataclass
 
 import torch
 
 from agent_r1 import native
-
-_KERNELS = {torch.float32: "agent_r1_decode_attention_f32", torch.bfloat16: "agent_r1_decode_attention_bf16"}
 
 
 @dataclass
@@ -54,12 +51,12 @@ class Span:
         return self._slots32
 
 
-def attend(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, span: Span, scale: float, native: bool = True):
+def attend(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, span: Span, scale: float, kernel: bool = True):
     """softmax(q k^T * scale) v over each row's span, and its log-sum-exp (float32).
 
     q (N, kv, R, D): the R queries of each kv head; K, V (slots, kv, max_len, D): one layer of
     the cache. Returns o (N, kv, R, D) in q's dtype and lse (N, kv, R)."""
-    fn = _native(q.dtype) if native and q.device.type == "cpu" else None
+    fn = _native(q.dtype) if kernel and q.device.type == "cpu" else None
     if fn is None:
         return _matmul(q, K, V, span, scale)
     N, H, R, D = q.shape
@@ -68,12 +65,9 @@ def attend(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, span: Span, scale:
     out = torch.empty((N, H, R, D), dtype=q.dtype)
     lse = torch.empty((N, H, R), dtype=torch.float32)
     lo, hi = span.lo.to(torch.int32), span.hi.to(torch.int32)
-    ptr = ctypes.c_void_p
-    fn(
-        ptr(q.data_ptr()), *q.stride()[:3], ptr(K.data_ptr()), ptr(V.data_ptr()), *K.stride()[:3],
-        ptr(span.slot_ids().data_ptr()), ptr(lo.data_ptr()), ptr(hi.data_ptr()),
-        N, H, R, D, ctypes.c_float(scale), ptr(out.data_ptr()), ptr(lse.data_ptr()), torch.get_num_threads(),
-    )  # fmt: skip
+    native.call(
+        fn, q, *q.stride()[:3], K, V, *K.stride()[:3], span.slot_ids(), lo, hi, N, H, R, D, scale, out, lse
+    )
     return out, lse
 
 
@@ -91,8 +85,5 @@ def _matmul(q, K, V, span: Span, scale: float):
 @functools.cache
 def _native(dtype: torch.dtype):
     """The kernel for ``dtype`` (None: not available here)."""
-    if dtype not in _KERNELS:
-        return None
-    i64, i32, p = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
-    args = [p, i64, i64, i64, p, p, i64, i64, i64, p, p, p, i32, i32, i32, i32, ctypes.c_float, p, p, i32]
-    return native.function("decode_attention", _KERNELS[dtype], args)
+    sig = "p i64 i64 i64 p p i64 i64 i64 p p p i32 i32 i32 i32 f32 p p"
+    return native.function("decode_attention", "agent_r1_decode_attention", dtype, sig)

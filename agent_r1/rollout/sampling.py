@@ -4,7 +4,6 @@ min-p truncation (SGLang's meaning); T = 0 is greedy with log_softmax(logits).""
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
 from dataclasses import dataclass, field
@@ -136,9 +135,7 @@ def sample_batch(
         temp = torch.tensor([t or 1.0 for t in temps], dtype=torch.float32)
         greedy = torch.tensor([t == 0 for t in temps], dtype=torch.uint8)
         toks, lps = torch.empty(B, dtype=torch.int64), torch.empty(B, dtype=torch.float32)
-        args = (logits, temp, greedy, u, toks, lps)  # held here: the kernel gets their addresses only
-        ptr = [ctypes.c_void_p(a.data_ptr()) for a in args]
-        kernel(ptr[0], logits.stride(0), B, logits.shape[1], *ptr[1:], torch.get_num_threads())
+        native.call(kernel, logits, logits.stride(0), B, logits.shape[1], temp, greedy, u, toks, lps)
         return toks.tolist(), lps.tolist(), None
     logits = logits.float()
     if any(b for b in banned):
@@ -185,20 +182,16 @@ def _truncates(s: Sampling) -> bool:
     return s.top_k > 0 or s.top_p < 1.0 or s.min_p > 0
 
 
-_KERNELS = {torch.float32: "agent_r1_sample_f32", torch.bfloat16: "agent_r1_sample_bf16"}
-
-
 def _kernel(logits: torch.Tensor):
     """The native sampler for these logits (CPU, float32 or bf16, rows of unit stride), or None."""
-    if logits.device.type != "cpu" or logits.dtype not in _KERNELS or logits.stride(-1) != 1:
+    if logits.device.type != "cpu" or logits.stride(-1) != 1:
         return None
     return _sampler(logits.dtype)
 
 
 @functools.cache
 def _sampler(dtype: torch.dtype):
-    i64, i32, p = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
-    return native.function("sample", _KERNELS[dtype], [p, i64, i32, i32, p, p, p, p, p, i32])
+    return native.function("sample", "agent_r1_sample", dtype, "p i64 i32 i32 p p p p p")
 
 
 def _truncate(probs: torch.Tensor, s: Sampling) -> torch.Tensor:

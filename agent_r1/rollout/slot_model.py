@@ -14,7 +14,6 @@ through ``F.linear``.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
 from dataclasses import dataclass
@@ -249,11 +248,9 @@ class SlotModel:
         q = qkv.new_empty(N, H, D)
         K, V = self.k[li], self.v[li]
         qn, kn = L.q_norm or (None, 0.0), L.k_norm or (None, 0.0)
-        held = (qkv, rope[0], rope[1], qn[0], kn[0], q, K, V, rows, pos)  # alive across the call
-        p = [None if t is None else ctypes.c_void_p(t.data_ptr()) for t in held]
-        store(
-            p[0], qkv.stride(0), N, H, self.n_kv, D, p[1], p[2], p[3], p[4], qn[1], kn[1], p[5], p[6], p[7],
-            *K.stride()[:3], p[8], p[9], torch.get_num_threads(),
+        native.call(
+            store, qkv, qkv.stride(0), N, H, self.n_kv, D, rope[0], rope[1], qn[0], kn[0], qn[1], kn[1], q, K, V,
+            *K.stride()[:3], rows, pos,
         )  # fmt: skip
         return q
 
@@ -374,12 +371,8 @@ class SlotModel:
 
 @functools.cache
 def _rope_store(dtype: torch.dtype):
-    symbol = {torch.float32: "agent_r1_rope_store_f32", torch.bfloat16: "agent_r1_rope_store_bf16"}.get(dtype)
-    if symbol is None:
-        return None
-    i64, i32, f32, p = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
-    args = [p, i64, i32, i32, i32, i32, p, p, p, p, f32, f32, p, p, p, i64, i64, i64, p, p, i32]
-    return native.function("rope_store", symbol, args)
+    sig = "p i64 i32 i32 i32 i32 p p p p f32 f32 p p p i64 i64 i64 p p"
+    return native.function("rope_store", "agent_r1_rope_store", dtype, sig)
 
 
 class _Cascade:
@@ -400,7 +393,7 @@ class _Cascade:
         self.prefix = Span(torch.zeros_like(plen), plen, self.leaders)  # each group's prompt, once
         self.n_kv, self.group = n_kv, group
 
-    def merge(self, qg, K, V, o, lse, scale, native):
+    def merge(self, qg, K, V, o, lse, scale, kernel):
         """Add the prefix part to each row's own part (``o``, normalised over the row's own
         positions, whose log-sum-exp is ``lse``): the two softmaxes weighted by their sums."""
         B, kv, grp, D = qg.shape
@@ -408,7 +401,7 @@ class _Cascade:
         Q = qg.new_zeros(G, M, kv, grp, D)
         Q[self.g_idx, self.j_idx] = qg
         Q = Q.permute(0, 2, 1, 3, 4).reshape(G, kv, M * grp, D)
-        o_p, lse_p = attend(Q, K, V, self.prefix, scale, native)
+        o_p, lse_p = attend(Q, K, V, self.prefix, scale, kernel)
 
         def rows(t: torch.Tensor) -> torch.Tensor:  # (G, kv, M*grp, X) -> (B, kv, grp, X)
             return t.view(G, kv, M, grp, -1).permute(0, 2, 1, 3, 4)[self.g_idx, self.j_idx]

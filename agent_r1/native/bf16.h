@@ -1,0 +1,33 @@
+// float32 <-> bfloat16 (its bits in a uint16_t) for the kernels of this folder, which take either.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+namespace agent_r1 {
+
+inline float load(float x) { return x; }
+inline float load(uint16_t x) {
+  uint32_t u = uint32_t(x) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline void store(float* p, float x) { *p = x; }
+inline void store(uint16_t* p, float x) {  // round to nearest even; NaN stays NaN
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    *p = uint16_t((u >> 16) | 0x40u);
+    return;
+  }
+  u += 0x7fffu + ((u >> 16) & 1u);
+  *p = uint16_t(u >> 16);
+}
+inline float round_to(float x, float) { return x; }
+inline float round_to(float x, uint16_t) {  // the value x takes in bfloat16
+  uint16_t b;
+  store(&b, x);
+  return load(b);
+}
+
+}  // namespace agent_r1
