@@ -25,7 +25,11 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c++17")  # compile
+# Linked apart and without -ffast-math: linking with it adds crtfastmath.o, whose constructor sets
+# flush-to-zero for the whole process when the library loads (subnormal floats would then vanish
+# in every library, torch and numpy included)
+LINK = ("-shared", "-fopenmp")
 
 
 def enabled() -> bool:
@@ -69,10 +73,11 @@ def build(name: str) -> Path:
         return lib
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        out = Path(tmp) / lib.name
-        done = subprocess.run([cxx, *FLAGS, str(source), "-o", str(out)], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise OSError(f"{cxx} failed to build {source.name}: {done.stderr.strip()[-2000:]}")
+        obj, out = Path(tmp) / f"{name}.o", Path(tmp) / lib.name
+        for cmd in ([cxx, *FLAGS, "-c", str(source), "-o", str(obj)], [cxx, *LINK, str(obj), "-o", str(out)]):
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise OSError(f"{cxx} failed to build {source.name}: {done.stderr.strip()[-2000:]}")
         os.replace(out, lib)
     log.info("built %s", lib)
     return lib

@@ -1,0 +1,18 @@
+"""The native kernels' build leaves the process's floating point alone."""
+
+import numpy as np
+import torch
+
+
+def test_loading_every_kernel_keeps_subnormal_floats():
+    """Linking with -ffast-math would add crtfastmath.o, which sets flush-to-zero for the whole
+    process when a library loads: subnormals would become 0 in torch and numpy (hypothesis refuses
+    to run then). Every kernel loads here, and subnormal arithmetic still works."""
+    from agent_r1 import native
+
+    for name in ("decode_attention", "rope_store", "sample", "logprob"):
+        assert native.load(name) is not None, name
+    tiny = np.finfo(np.float32).smallest_subnormal
+    assert np.float32(tiny) * np.float32(1.0) > 0
+    assert float(torch.tensor(tiny, dtype=torch.float32) * 1.0) > 0
+    assert float(torch.tensor(1e-40, dtype=torch.float32) + 0.0) != 0.0
