@@ -62,7 +62,7 @@ def build(name: str) -> Path:
     for part in (
         source.read_bytes(),
         *headers,
-        " ".join(FLAGS).encode(),
+        " ".join(FLAGS + LINK).encode(),
         version.encode(),
         _cpu_id().encode(),
     ):

@@ -9,7 +9,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from train_checks import check_finished, ledger, manifest, reduced, start_train, train, wait_for
+from train_checks import check_finished, ledger, manifest, reduced, run_until, start_train, train, wait_for
 
 
 def _processes_of(run: Path) -> list[tuple[int, str]]:
@@ -35,15 +35,14 @@ def _role_pid(run: Path, name: str) -> int:
 def _kill_server_0_mid_rollout(run: Path, args: list[str]) -> str:
     """Run ``args``, SIGKILL ``server_0`` once the first rollout is under way; the run's output
     (it must finish with 0)."""
-    p = start_train(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for((run / "control" / "tasks" / "train_000000.w0.progress").exists, 300, "the first rollout")
-        os.kill(_role_pid(run, "server_0"), signal.SIGKILL)
-        out, _ = p.communicate(timeout=300)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-    assert p.returncode == 0, out[-4000:]
+    rc, out = run_until(
+        args,
+        run,
+        (run / "control" / "tasks" / "train_000000.w0.progress").exists,
+        "the first rollout",
+        lambda _: os.kill(_role_pid(run, "server_0"), signal.SIGKILL),
+    )
+    assert rc == 0, out[-4000:]
     assert "server_0 exited" in out and "restarting" in out
     for it in range(2):  # every episode of every iteration made it, each iteration trained once
         assert manifest(run, it)["num_trajectories"] == 4 * 4

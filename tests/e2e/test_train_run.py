@@ -22,6 +22,7 @@ from train_checks import (
     read_records,
     read_scalars,
     reduced,
+    run_until,
     start_train,
     train,
     wait_for,
@@ -133,19 +134,6 @@ def test_kill_whole_run_then_resume(tiny_model_dir, tmp_path):
     check_events(run, 4, eval_every=2)
 
 
-def _run_until(args, ready, what, act, timeout: float = 300) -> tuple[int, str]:
-    """Start `agent-r1 train`, wait for ``ready()``, then ``act(popen)``: its exit code and output."""
-    p = start_train(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for(ready, 300, what)
-        act(p)
-        out, _ = p.communicate(timeout=timeout)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-    return p.returncode, out
-
-
 def _ctrl_c(p: subprocess.Popen) -> None:
     os.killpg(p.pid, signal.SIGINT)  # the whole process group, as a terminal sends it
 
@@ -155,8 +143,12 @@ def test_ctrl_c_checkpoints_then_resume(tiny_model_dir, tmp_path):
     what is trained and the run exits 3 with a resume hint; the same command then finishes it."""
     run = tmp_path / "ctrlc"
     args = reduced(tiny_model_dir, run, "trainer.iterations=3", "trainer.checkpoint_every=0")
-    rc, out = _run_until(
-        args, lambda: run.joinpath("ledger.jsonl").exists() and ledger(run), "iteration 0 trained", _ctrl_c
+    rc, out = run_until(
+        args,
+        run,
+        lambda: run.joinpath("ledger.jsonl").exists() and ledger(run),
+        "iteration 0 trained",
+        _ctrl_c,
     )
     assert rc == 3, out[-4000:]
     assert "stopping: the learners checkpoint" in out and "the same command resumes" in out
@@ -183,7 +175,7 @@ def test_ctrl_c_during_the_warm_start(tiny_model_dir, tmp_path):
 
     sft_records = run / "sft_records" / "iter_000000" / "manifest.json"
     args = reduced(tiny_model_dir, run, "sft.steps=100000")
-    rc, out = _run_until(args, sft_records.exists, "the SFT phase", ctrl_c_in_sft, timeout=120)
+    rc, out = run_until(args, run, sft_records.exists, "the SFT phase", ctrl_c_in_sft, timeout=120)
     assert rc == 3 and time.time() - sent[0] < 60, out[-4000:]
     assert "stop requested during the warm start" in (run / "logs" / "learner_0.log").read_text()
     assert not list((run / "checkpoints").glob("iter_*"))

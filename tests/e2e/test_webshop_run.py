@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 
-from train_checks import check_finished, env_step_demonstrations, reduced, start_train, wait_for
+from train_checks import check_finished, env_step_demonstrations, reduced, run_until
 
 from agent_r1.train.plot import read_scalars
 
@@ -20,16 +20,18 @@ def test_webshop_short_run(tmp_path):
     run = tmp_path / "run"
     args = reduced(tmp_path / "model", run, "algorithm=gigpo", "algorithm.critic=false", "rollout.env_server=true",
                    preset="webshop_steppo", build=True, demos=64, action_tokens=None)  # fmt: skip
-    p = start_train(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for((run / "control" / "tasks" / "train_000000.w0.progress").exists, 400, "the first rollout")
-        pid = json.loads((run / "control" / "roles" / "env_server_0.json").read_text())["pid"]
-        os.kill(pid, signal.SIGKILL)
-        out, _ = p.communicate(timeout=400)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-    s = check_finished(subprocess.CompletedProcess(p.args, p.returncode, out, ""), run, 2)
+    rc, out = run_until(
+        args,
+        run,
+        (run / "control" / "tasks" / "train_000000.w0.progress").exists,
+        "the first rollout",
+        lambda _: os.kill(
+            json.loads((run / "control" / "roles" / "env_server_0.json").read_text())["pid"], signal.SIGKILL
+        ),
+        ready_timeout=400,
+        timeout=400,
+    )
+    s = check_finished(subprocess.CompletedProcess(args, rc, out, ""), run, 2)
     assert "env_server_0 exited with -9; restarting it" in out
     assert (run / "logs" / "env_server_0.log").read_text().count("webshop environment") == 2
     assert s["algorithm"] == "gigpo"

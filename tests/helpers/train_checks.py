@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -127,16 +129,56 @@ def start_train(args: list[str], **popen) -> subprocess.Popen:
     )
 
 
-def wait_for(cond, timeout: float, what: str) -> None:
-    """Poll ``cond()`` every 50 ms until true; fail naming ``what`` after ``timeout`` seconds."""
+def wait_for(cond, timeout: float, what: str, run: subprocess.Popen | None = None, report=None) -> None:
+    """Poll ``cond()`` every 50 ms until true; fail naming ``what`` after ``timeout`` seconds, or at
+    once if the process ``run`` exits first; ``report()``: text the failure adds (logs)."""
     import time
+
+    def fail(why: str):
+        return AssertionError(why + (f"\n{report()}" if report else ""))
 
     deadline = time.time() + timeout
     while time.time() < deadline:
         if cond():
             return
+        if run is not None and run.poll() is not None:
+            raise fail(f"the run exited with {run.returncode} before {what}")
         time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise fail(f"timed out waiting for {what}")
+
+
+def run_report(run_dir: Path, console: Path, chars: int = 3000) -> str:
+    """The tail of a run's console output and of each role's log, for a failure message."""
+    parts = []
+    for f in [console, *sorted((run_dir / "logs").glob("*.log"))]:
+        if f.exists():
+            parts.append(f"--- {f.name} ---\n{f.read_text(errors='replace')[-chars:]}")
+    return "\n".join(parts)
+
+
+def run_until(
+    args: list[str], run_dir: Path, ready, what: str, act, ready_timeout: float = 300, timeout: float = 300
+) -> tuple[int, str]:
+    """Start `agent-r1 train` on ``run_dir``, wait for ``ready()`` (up to ``ready_timeout`` s), then
+    ``act(popen)`` and wait for the run to end (up to ``timeout`` s): its exit code and console output. The output goes to a file beside the run (a
+    pipe nobody reads while waiting would stall the run once full); a run that exits before
+    ``ready()``, or never gets there, fails with its output and its roles' logs."""
+    console = run_dir.parent / f"{run_dir.name}.console"
+    with console.open("w") as out:
+        p = start_train(args, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(ready, ready_timeout, what, run=p, report=lambda: run_report(run_dir, console))
+        act(p)
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"the run did not end within {timeout:.0f} s\n{run_report(run_dir, console)}"
+            ) from None
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    return p.returncode, console.read_text(errors="replace")
 
 
 def env_step_demonstrations(run_dir: Path) -> list[dict]:
