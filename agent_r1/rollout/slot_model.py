@@ -241,8 +241,8 @@ class SlotModel:
         return qk[:, :H], qk[:, H:], v
 
     def _qkv_native(self, store, L: _Layer, x, rope, li: int, rows: torch.Tensor, pos: torch.Tensor):
-        """``_qkv`` and the cache writes of a decode step in one kernel (``rope_store.cpp``): q
-        (N, heads, D) back, k and v written at (row, pos) of layer ``li``."""
+        """``_qkv`` and the cache writes of N tokens in one kernel (``rope_store.cpp``): q
+        (N, heads, D) back, token n's k and v written at (rows[n], pos[n]) of layer ``li``."""
         N, D, H = x.shape[0], self.head_dim, self.n_heads
         qkv = L.qkv(F.rms_norm(x, (x.shape[-1],), L.ln1, L.ln1_eps))
         q = qkv.new_empty(N, H, D)
@@ -302,14 +302,30 @@ class SlotModel:
                 1,
             )
         rope_tabs = self._rope(pos)
+        store = (
+            _rope_store(self.dtype) if self.native and self.device.type == "cpu" and pos.dim() == 1 else None
+        )
+        if store is not None:  # every token's cache row
+            rows = torch.tensor([slot for slot, ids, _ in items for _ in ids], device=dev)
+            span = Span(torch.zeros_like(pos), pos + 1, rows)
         for li, L in enumerate(self.layers):
-            q, k, v = self._qkv(L, x, rope_tabs)
+            if store is not None:  # norms, rotation and the cache writes of all tokens in one kernel
+                q = self._qkv_native(store, L, x, rope_tabs, li, rows, pos)
+            else:
+                q, k, v = self._qkv(L, x, rope_tabs)
+            if store is not None:  # each token a row of the decode kernel: its slot's positions 0..pos
+                qg = q.view(len(rows), self.n_kv, self.n_heads // self.n_kv, self.head_dim)
+                o, _ = attend(qg, self.k[li], self.v[li], span, self.scaling, self.native)
+                x = x + L.o(o.reshape(len(rows), -1))
+                x = self._mlp(L, x)
+                continue
             outs = []
             for j, (slot, _ids, start) in enumerate(items):
                 a, b = bounds[j], bounds[j + 1]
                 T, end = b - a, start + b - a
-                self.k[li, slot, :, start:end] = k[a:b].transpose(0, 1)
-                self.v[li, slot, :, start:end] = v[a:b].transpose(0, 1)
+                if store is None:
+                    self.k[li, slot, :, start:end] = k[a:b].transpose(0, 1)
+                    self.v[li, slot, :, start:end] = v[a:b].transpose(0, 1)
                 mask = torch.ones(T, end, dtype=torch.bool, device=dev).tril(diagonal=start)
                 o = F.scaled_dot_product_attention(
                     q[a:b].transpose(0, 1).unsqueeze(0),
