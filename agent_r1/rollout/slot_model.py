@@ -220,10 +220,9 @@ class SlotModel:
         idx = pos[self.sections].T  # (N, D): the position row each dimension turns with
         return self.cos.gather(0, idx).unsqueeze(1), self.signed_sin.gather(0, idx).unsqueeze(1)
 
-    def _qkv(self, L: _Layer, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
-        """x (N, hidden) -> q (N, heads, D), k, v (N, kv, D); q and k rotated together."""
-        N = x.shape[0]
-        h = F.rms_norm(x, (x.shape[-1],), L.ln1, L.ln1_eps)
+    def _qkv(self, L: _Layer, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
+        """h (N, hidden), the normed stream -> q (N, heads, D), k, v (N, kv, D); q and k rotated together."""
+        N = h.shape[0]
         qkv = L.qkv(h)
         D, H = self.head_dim, self.n_heads
         qk = qkv[:, : (H + self.n_kv) * D].view(N, H + self.n_kv, D)
@@ -240,11 +239,11 @@ class SlotModel:
         qk = qk * cos + qk.roll(D // 2, -1) * sin
         return qk[:, :H], qk[:, H:], v
 
-    def _qkv_native(self, store, L: _Layer, x, rope, li: int, rows: torch.Tensor, pos: torch.Tensor):
+    def _qkv_native(self, store, L: _Layer, h, rope, li: int, rows: torch.Tensor, pos: torch.Tensor):
         """``_qkv`` and the cache writes of N tokens in one kernel (``rope_store.cpp``): q
         (N, heads, D) back, token n's k and v written at (rows[n], pos[n]) of layer ``li``."""
-        N, D, H = x.shape[0], self.head_dim, self.n_heads
-        qkv = L.qkv(F.rms_norm(x, (x.shape[-1],), L.ln1, L.ln1_eps))
+        N, D, H = h.shape[0], self.head_dim, self.n_heads
+        qkv = L.qkv(h)
         q = qkv.new_empty(N, H, D)
         K, V = self.k[li], self.v[li]
         qn, kn = L.q_norm or (None, 0.0), L.k_norm or (None, 0.0)
@@ -254,17 +253,23 @@ class SlotModel:
         )  # fmt: skip
         return q
 
-    def _mlp(self, L: _Layer, x: torch.Tensor) -> torch.Tensor:
-        h = F.rms_norm(x, (x.shape[-1],), L.ln2, L.ln2_eps)
+    def _ffn(self, glue: _Glue, L: _Layer, h: torch.Tensor) -> torch.Tensor:
+        """The MLP's output for the normed stream ``h`` (the residual add is the next norm's)."""
         if L.experts is not None:
-            return x + L.experts(h.reshape(-1, h.shape[-1])).reshape(h.shape)
-        gate, up = L.gate_up(h).chunk(2, dim=-1)
-        return x + L.down(F.silu(gate) * up)
+            return L.experts(h)
+        return L.down(glue.swiglu(L.gate_up(h)))
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        """In the model's dtype: the sampler reads them in float32 (converting a bf16 (B, vocab)
-        block first took as long as sampling it)."""
-        return self.lm_head(F.rms_norm(x, (x.shape[-1],), self.norm[0], self.norm[1]))
+    def _layers(self, x: torch.Tensor, attention) -> torch.Tensor:
+        """Every decoder layer over the stream ``x`` (N, hidden; updated in place); ``attention(li,
+        L, h)`` -> (N, heads * D) for the normed stream ``h``. Returns the final norm's output (the
+        logits are ``lm_head`` of its rows, in the model's dtype: the sampler reads them as they are)."""
+        glue = _Glue.get(self.dtype, self.native and self.device.type == "cpu")
+        ln = [(L.ln1, L.ln1_eps) for L in self.layers[1:]] + [self.norm]
+        x, h = glue.norm(x, *(self.layers[0].ln1, self.layers[0].ln1_eps))
+        for li, L in enumerate(self.layers):
+            x, h = glue.norm(x, L.ln2, L.ln2_eps, add=L.o(attention(li, L, h)))
+            x, h = glue.norm(x, *ln[li], add=self._ffn(glue, L, h))
+        return h
 
     # ---- prefill / decode ------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -308,24 +313,22 @@ class SlotModel:
         if store is not None:  # every token's cache row
             rows = torch.tensor([slot for slot, ids, _ in items for _ in ids], device=dev)
             span = Span(torch.zeros_like(pos), pos + 1, rows)
-        for li, L in enumerate(self.layers):
-            if store is not None:  # norms, rotation and the cache writes of all tokens in one kernel
-                q = self._qkv_native(store, L, x, rope_tabs, li, rows, pos)
-            else:
-                q, k, v = self._qkv(L, x, rope_tabs)
-            if store is not None:  # each token a row of the decode kernel: its slot's positions 0..pos
+
+        def attention(li: int, L: _Layer, h: torch.Tensor) -> torch.Tensor:
+            if store is not None:  # norms, rotation, cache writes of all tokens in one kernel; then
+                # each token a row of the decode kernel over its slot's positions 0..pos
+                q = self._qkv_native(store, L, h, rope_tabs, li, rows, pos)
                 qg = q.view(len(rows), self.n_kv, self.n_heads // self.n_kv, self.head_dim)
-                o, _ = attend(qg, self.k[li], self.v[li], span, self.scaling, self.native)
-                x = x + L.o(o.reshape(len(rows), -1))
-                x = self._mlp(L, x)
-                continue
+                return attend(qg, self.k[li], self.v[li], span, self.scaling, self.native)[0].view(
+                    len(rows), -1
+                )
+            q, k, v = self._qkv(L, h, rope_tabs)
             outs = []
             for j, (slot, _ids, start) in enumerate(items):
                 a, b = bounds[j], bounds[j + 1]
                 T, end = b - a, start + b - a
-                if store is None:
-                    self.k[li, slot, :, start:end] = k[a:b].transpose(0, 1)
-                    self.v[li, slot, :, start:end] = v[a:b].transpose(0, 1)
+                self.k[li, slot, :, start:end] = k[a:b].transpose(0, 1)
+                self.v[li, slot, :, start:end] = v[a:b].transpose(0, 1)
                 mask = torch.ones(T, end, dtype=torch.bool, device=dev).tril(diagonal=start)
                 o = F.scaled_dot_product_attention(
                     q[a:b].transpose(0, 1).unsqueeze(0),
@@ -336,10 +339,10 @@ class SlotModel:
                     enable_gqa=True,
                 )
                 outs.append(o[0].transpose(0, 1).reshape(T, -1))
-            x = x + L.o(torch.cat(outs))
-            x = self._mlp(L, x)
-        last = torch.tensor(bounds[1:], device=dev) - 1
-        return self._logits(x[last])
+            return torch.cat(outs)
+
+        h = self._layers(x, attention)
+        return self.lm_head(h[torch.tensor(bounds[1:], device=dev) - 1])
 
     def prefill(self, slot: int, ids: list[int], start: int) -> torch.Tensor:
         return self.prefill_many([(slot, ids, start)])[0]
@@ -368,21 +371,63 @@ class SlotModel:
         rows = torch.arange(B, device=pos.device)
         rope = self._rope(pos if rope_pos is None else rope_pos)
         store = _rope_store(self.dtype) if self.native and self.device.type == "cpu" else None
-        for li, L in enumerate(self.layers):
+
+        def attention(li: int, L: _Layer, h: torch.Tensor) -> torch.Tensor:
             if store is None:
-                q, k, v = self._qkv(L, x, rope)
+                q, k, v = self._qkv(L, h, rope)
                 self.k[li, rows, :, pos] = k
                 self.v[li, rows, :, pos] = v
             else:
-                q = self._qkv_native(store, L, x, rope, li, rows, pos)
+                q = self._qkv_native(store, L, h, rope, li, rows, pos)
             # grouped-query attention: a kv head's `group` queries attend together, no expanded K/V
             qg = q.view(B, self.n_kv, group, self.head_dim)
             o, lse = attend(qg, self.k[li], self.v[li], own, self.scaling, self.native)
             if cascade is not None:
                 o = cascade.merge(qg, self.k[li], self.v[li], o, lse, self.scaling, self.native)
-            x = x + L.o(o.reshape(B, -1))
-            x = self._mlp(L, x)
-        return self._logits(x)
+            return o.reshape(B, -1)
+
+        return self.lm_head(self._layers(x, attention))
+
+
+class _Glue:
+    """The elementwise work between a layer's matmuls: ``norm`` (the residual add, then RMSNorm)
+    and ``swiglu``; through the native kernels (``glue.cpp``, HF's rounding) where they build,
+    else PyTorch ops."""
+
+    def __init__(self, dtype: torch.dtype, native_kernels: bool):
+        self.add_norm = native.function(
+            "glue", "agent_r1_add_rms_norm", dtype, "p i64 p i64 p f32 p i64 i32 i32"
+        )
+        self.silu_mul = native.function("glue", "agent_r1_silu_mul", dtype, "p i64 p i32 i32")
+        if not native_kernels:
+            self.add_norm = self.silu_mul = None
+
+    @staticmethod
+    @functools.cache
+    def get(dtype: torch.dtype, native_kernels: bool) -> _Glue:
+        return _Glue(dtype, native_kernels)
+
+    def norm(self, x: torch.Tensor, w: torch.Tensor, eps: float, add: torch.Tensor | None = None):
+        """(x + add, RMSNorm(x + add) * w); the native path adds into ``x`` in place."""
+        if self.add_norm is None or x.stride(-1) != 1 or (add is not None and add.stride(-1) != 1):
+            x = x if add is None else x + add
+            return x, F.rms_norm(x, (x.shape[-1],), w, eps)
+        out = torch.empty_like(x)
+        M, H = x.shape
+        native.call(
+            self.add_norm, x, x.stride(0), add, 0 if add is None else add.stride(0), w, eps, out, H, M, H
+        )
+        return x, out
+
+    def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of the fused (M, 2I) projection."""
+        if self.silu_mul is None or gate_up.stride(-1) != 1:
+            gate, up = gate_up.chunk(2, dim=-1)
+            return F.silu(gate) * up
+        M, I2 = gate_up.shape
+        out = gate_up.new_empty(M, I2 // 2)
+        native.call(self.silu_mul, gate_up, gate_up.stride(0), out, M, I2 // 2)
+        return out
 
 
 @functools.cache

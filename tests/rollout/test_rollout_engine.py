@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from agent_r1.rollout.engine import Engine
@@ -207,6 +208,63 @@ def test_native_decode_equals_the_pytorch_path(tiny_model_dir, cascade):
     torch.testing.assert_close(out[torch.bfloat16, True], out[torch.bfloat16, False], rtol=0, atol=2e-2)
     ref = out[torch.float32, True]
     assert (out[torch.bfloat16, True] - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+def test_native_prefill_equals_the_pytorch_path(tiny_model_dir):
+    """Prefill on a CPU runs the native kernels too (every token's norms, rotation and cache rows
+    in one pass; each token a row of the decode attention kernel over its slot's positions
+    0..pos; the glue between the matmuls): the last tokens' logits and the whole KV cache are
+    those of the PyTorch path (masked SDPA per request), for requests starting at 0 and ones
+    continuing a cached prefix, in float32 tightly and in bf16 within its rounding."""
+    from agent_r1.rollout.slot_model import SlotModel
+
+    g = torch.Generator().manual_seed(4)
+    items = [(0, 9, 0), (2, 5, 0), (1, 6, 7), (3, 1, 20)]  # (slot, tokens, start)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=dtype).eval()
+        sm = SlotModel(model, slots=4, max_len=64)
+        k0, v0 = torch.randn(sm.k.shape, generator=g), torch.randn(sm.v.shape, generator=g)
+        batch = [(slot, torch.randint(0, 100, (n,), generator=g).tolist(), start) for slot, n, start in items]
+        out = {}
+        for native in (True, False):
+            sm.k.copy_(k0)
+            sm.v.copy_(v0)
+            sm.native = native
+            out[native] = sm.prefill_many(batch), sm.k.clone(), sm.v.clone()
+        for a, b in zip(out[True], out[False], strict=True):
+            torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
+        assert not torch.equal(out[True][1], k0.to(dtype))  # the cache was written
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_glue_kernels_round_as_hf_does(dtype):
+    """The native residual add + RMSNorm and SwiGLU product against HF's own modules in the
+    model's dtype (Llama's RMSNorm: float32, back to the dtype, times the weight; its MLP's
+    silu(gate) * up): in bf16 equal but for a rare last-bit flip (a sum's order, exp's last ulp
+    in float32 before the rounding), in float32 within a few ulps."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from agent_r1.rollout.slot_model import _Glue
+
+    g = torch.Generator().manual_seed(5)
+    glue = _Glue.get(dtype, True)
+    assert glue.add_norm is not None and glue.silu_mul is not None  # g++ is installed
+    x, y = (torch.randn(33, 576, generator=g).to(dtype) for _ in range(2))
+    norm = LlamaRMSNorm(576, eps=1e-5).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(576, generator=g) + 0.5)
+    want_x = x + y
+    want = norm(want_x)
+    got_x, got = glue.norm(x.clone(), norm.weight, 1e-5, add=y)
+    assert torch.equal(got_x, want_x)  # the residual stream, rounded as the dtype adds
+    gu = torch.randn(33, 2 * 1536, generator=g).to(dtype) * 4
+    gate, up = gu.chunk(2, -1)
+    for a, b in ((got, want), (glue.swiglu(gu), F.silu(gate) * up)):
+        ulp = 2e-2 if dtype == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(a, b, rtol=ulp, atol=ulp)
+        assert dtype == torch.float32 or (a == b).float().mean() > 0.99
+    _, first = glue.norm(x.clone(), norm.weight, 1e-5)  # no residual: the first layer's norm
+    torch.testing.assert_close(first, norm(x), rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
