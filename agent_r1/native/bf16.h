@@ -13,15 +13,11 @@ inline float load(uint16_t x) {
   return f;
 }
 inline void store(float* p, float x) { *p = x; }
-inline void store(uint16_t* p, float x) {  // round to nearest even; NaN stays NaN
-  uint32_t u;
+inline void store(uint16_t* p, float x) {  // round to nearest even; NaN stays NaN (a select, no
+  uint32_t u;                               // branch: loops over rows stay vectorised)
   std::memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) {
-    *p = uint16_t((u >> 16) | 0x40u);
-    return;
-  }
-  u += 0x7fffu + ((u >> 16) & 1u);
-  *p = uint16_t(u >> 16);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  *p = uint16_t((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
 }
 inline float round_to(float x, float) { return x; }
 inline float round_to(float x, uint16_t) {  // the value x takes in bfloat16

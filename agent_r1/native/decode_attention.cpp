@@ -72,6 +72,19 @@ inline v16 load16(const T* p) {
   return x;
 }
 
+// 16 floats stored in T (bf16: rounded to nearest even, NaN kept), in vector instructions.
+inline void store16(float* p, v16 x) { std::memcpy(p, &x, sizeof(x)); }
+inline void store16(uint16_t* p, v16 x) {
+  typedef uint16_t u16x16 __attribute__((vector_size(32)));
+  typedef uint32_t u32x16 __attribute__((vector_size(64)));
+  u32x16 u;
+  std::memcpy(&u, &x, sizeof(u));
+  const u32x16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const u32x16 nan = (u & 0x7fffffffu) > 0x7f800000u;  // all ones where x is NaN
+  const u16x16 h = __builtin_convertvector((nan & ((u >> 16) | 0x40u)) | (~nan & rounded), u16x16);
+  std::memcpy(p, &h, sizeof(h));
+}
+
 // One (row, kv head) item, C chunks of 16 in the head dimension (D = 16 C).
 // Ask for a cache row's lines ahead of use: one item's keys span a few KB of one slot, too short a
 // run for the hardware prefetcher to ramp up, so the loads otherwise wait on memory.
@@ -149,7 +162,7 @@ void item(const float* qf, int R, const T* K, const T* V, int64_t cT, int a, int
     }
     for (int r = 0; r < rb; r++)
       for (int c = 0; c < C; c++)
-        for (int i = 0; i < 16; i++) store(o + (r0 + r) * C * 16 + 16 * c + i, acc[r][c][i]);
+        store16(o + (r0 + r) * C * 16 + 16 * c, acc[r][c]);
   }
 }
 
