@@ -395,12 +395,12 @@ class _Glue:
     else PyTorch ops."""
 
     def __init__(self, dtype: torch.dtype, native_kernels: bool):
-        self.add_norm = native.function(
-            "glue", "agent_r1_add_rms_norm", dtype, "p i64 p i64 p f32 p i64 i32 i32"
-        )
-        self.silu_mul = native.function("glue", "agent_r1_silu_mul", dtype, "p i64 p i32 i32")
-        if not native_kernels:
-            self.add_norm = self.silu_mul = None
+        self.add_norm = self.silu_mul = None
+        if native_kernels:  # a CPU model (no build on a GPU node)
+            self.add_norm = native.function(
+                "glue", "agent_r1_add_rms_norm", dtype, "p i64 p i64 p f32 p i64 i32 i32"
+            )
+            self.silu_mul = native.function("glue", "agent_r1_silu_mul", dtype, "p i64 p i32 i32")
 
     @staticmethod
     @functools.cache
