@@ -273,14 +273,19 @@ class OpenAIRoutes:
             )
             raise InvalidRequest(msg, prompt_field if msg.startswith(f"{prompt_field}:") else None) from None
 
-    async def _updates(self, reqs: list[Any]) -> AsyncIterator[tuple[int, list[int], bool]]:
-        """(choice index, output ids so far, finished) as the engine produces tokens."""
+    async def _updates(
+        self, reqs: list[Any], every_token: bool = True
+    ) -> AsyncIterator[tuple[int, list[int], bool]]:
+        """(choice index, output ids so far, finished) as the engine produces tokens;
+        ``every_token=False``: at each request's end only (a whole answer waits for it, and waking
+        the event loop per token takes GIL time from the engine's scheduler)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         index = {id(r): i for i, r in enumerate(reqs)}
         for r in reqs:
-            r.on_update = lambda r, fin: loop.call_soon_threadsafe(
-                queue.put_nowait, (index[id(r)], list(r.out_ids), fin)
+            r.on_update = lambda r, fin: (
+                (every_token or fin)
+                and loop.call_soon_threadsafe(queue.put_nowait, (index[id(r)], list(r.out_ids), fin))
             )
         self.engine.submit(reqs)
         left = len(reqs)
@@ -355,7 +360,7 @@ class OpenAIRoutes:
             return await self._sse(request, reqs, lambda i, d, r: {**head, "choices": [
                 {"index": i, "text": d, "logprobs": None, "finish_reason": self._finish(r) if r.finish else None}
             ]}, set(eos))  # fmt: skip
-        async for _ in self._updates(reqs):
+        async for _ in self._updates(reqs, every_token=False):
             pass
         choices = []
         for i, r in enumerate(reqs):
@@ -408,7 +413,7 @@ class OpenAIRoutes:
         head = {"id": rid, "created": created, "model": self.name}
         if body.get("stream"):
             return await self._chat_stream(request, reqs, head, tools, stops)
-        async for _ in self._updates(reqs):
+        async for _ in self._updates(reqs, every_token=False):
             pass
         choices = []
         for i, r in enumerate(reqs):
