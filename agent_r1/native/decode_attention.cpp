@@ -132,7 +132,6 @@ void item(const float* qf, const uint16_t* qb, float scale, int R, const T* K, c
   constexpr int AHEAD = 16;  // keys
   for (int t = 0; t < AHEAD && t < T_; t++) prefetch(K + int64_t(a + t) * cT, 16 * C);
   if (R < 8 && qb != nullptr && bf16_scores<T, C>(qb, scale, R, K, cT, a, T_, s)) {
-    for (int t = 0; t < T_; t++) prefetch(V + int64_t(a + t) * cT, 16 * C);  // for the pass over the values
   } else if (R < 8) {
     for (int t = 0; t < T_; t++) {  // scores: each key read once for the R queries
       if (t + AHEAD < T_) prefetch(K + int64_t(a + t + AHEAD) * cT, 16 * C);
