@@ -40,7 +40,7 @@ def router_command(
         "--prometheus-host", host, "--prometheus-port", str(_free_port(host)),
     ]  # fmt: skip
     if api_key:  # what the router sends to the workers, which require it
-        cmd += ["--api-key", api_key]
+        cmd.append(f"--api-key={api_key}")  # one token: a key may start with "-" (token_urlsafe)
     return cmd
 
 

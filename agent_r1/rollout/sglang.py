@@ -50,7 +50,7 @@ def sglang_command(
         "--skip-server-warmup",
     ]  # fmt: skip
     if api_key:  # SGLang takes the key on its command line only
-        cmd += ["--api-key", api_key]
+        cmd.append(f"--api-key={api_key}")  # one token: a key may start with "-" (token_urlsafe)
     return cmd + list(cfg.extra_args)
 
 

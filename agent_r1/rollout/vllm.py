@@ -138,7 +138,7 @@ def vllm_command(
         # sampled for a seeded request's partial prefill: prefill whole prompts instead
         cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(max_len, 4096))]
     if api_key:
-        cmd += ["--api-key", api_key]
+        cmd.append(f"--api-key={api_key}")  # one token: a key may start with "-" (token_urlsafe)
     return cmd + list(cfg.extra_args)
 
 

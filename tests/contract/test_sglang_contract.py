@@ -150,7 +150,7 @@ def test_every_4n8g_launch_command_parses_with_upstreams_parser(contract_env, re
     cfgs = [load_config([f"+experiment={preset}"]) for preset in presets]
     cmds = [
         sglang_command(
-            "/models/m", "10.0.0.5", 31000, c.model.max_len, c.model.dtype, c.rollout.sglang, "k3y"
+            "/models/m", "10.0.0.5", 31000, c.model.max_len, c.model.dtype, c.rollout.sglang, "-k3y"
         )
         for c in cfgs
     ]
@@ -159,7 +159,9 @@ def test_every_4n8g_launch_command_parses_with_upstreams_parser(contract_env, re
     for preset, cfg, cmd, parsed in zip(presets, cfgs, cmds, answers, strict=False):
         assert "error" not in parsed, (preset, cmd)
         p = parsed["parsed"]
-        assert p["--tp-size"] == cfg.rollout.sglang.tp and p["--api-key"] == "k3y", preset
+        assert p["--tp-size"] == cfg.rollout.sglang.tp and p["--api-key"] == "-k3y", (
+            preset
+        )  # a key may start with "-"
         assert p["--context-length"] == cfg.model.max_len and p["--port"] == 31000, preset
         assert p["--model-path"] == "/models/m" and p["--dtype"] == cfg.model.dtype, preset
     assert "error" in answers[-1]  # the parser does refuse

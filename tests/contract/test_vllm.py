@@ -57,7 +57,7 @@ def in_vllm(python: str, what: str, arg, tmp_path: Path) -> dict:
 
 def test_the_launch_command_parses_with_vllms_own_parser(vllm_python, tmp_path):
     cpu = vllm_command(
-        "/m/tiny", HOST, 30123, 1024, "float32", VLLMConfig(eager=True), False, "key", python="py"
+        "/m/tiny", HOST, 30123, 1024, "float32", VLLMConfig(eager=True), False, "-key", python="py"
     )
     gpu = vllm_command("/m/big", "10.0.0.2", 30124, 8192, "bfloat16", VLLMConfig(tp=4, max_num_seqs=64), True)
     assert cpu[:6] == ["py", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m/tiny", "--host"]
@@ -66,7 +66,7 @@ def test_the_launch_command_parses_with_vllms_own_parser(vllm_python, tmp_path):
         "model": "/m/tiny", "host": HOST, "port": 30123, "dtype": "float32", "max_model_len": 1024,
         "max_num_seqs": 256, "tensor_parallel_size": 1, "generation_config": "vllm",
         "logprobs_mode": "processed_logprobs", "enable_prefix_caching": True, "enforce_eager": True,
-        "api_key": ["key"], "weight_transfer_backend": "agent_r1_gloo",
+        "api_key": ["-key"], "weight_transfer_backend": "agent_r1_gloo",
     }  # fmt: skip
     assert got[1]["tensor_parallel_size"] == 4 and got[1]["max_num_seqs"] == 64
     assert got[1]["weight_transfer_backend"] == "nccl" and got[1]["gpu_memory_utilization"] == 0.8
