@@ -175,24 +175,55 @@ class PackedAttention(torch.nn.Module):
             )  # (1, heads, s, hn)
             return o[0].transpose(0, 1).reshape(sq, b, heads * hn)
         q, k, v = query.squeeze(1), key.squeeze(1), value.squeeze(1)  # views: a select's backward would copy
-        dtype = q.dtype
-        if q.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
-            # PyTorch's CPU flash attention runs faster in float32 than in bf16 (forward + backward
-            # of a SmolLM2 bucket: 25 against 29-37 ms), and is exact-er; the output goes back to bf16
-            q, k, v = q.float(), k.float(), v.float()
+        dtype, scale = q.dtype, self.inner.softmax_scale
+        low = q.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
+        wide = None  # float32 q, k, v for the flash kernel, made once if a bucket needs them
         outs = []
         for bk in plan.buckets:
-            qb, kb, vb = (
-                x.index_select(0, bk.rows).view(bk.nb, bk.L, x.shape[1], hn).transpose(1, 2)
-                for x in (q, k, v)
-            )
-            o = F.scaled_dot_product_attention(
-                qb, kb, vb, is_causal=True, scale=self.inner.softmax_scale,
-                enable_gqa=kb.shape[1] != heads,
-            )  # fmt: skip
-            o = o.transpose(1, 2).reshape(bk.nb * bk.L, heads * hn)
-            outs.append(o if bk.keep is None else o.index_select(0, bk.keep))
-        return torch.cat(outs).index_select(0, plan.perm).view(sq, b, heads * hn).to(dtype)
+            if low and bk.L <= MATMUL_ATTENTION_MAX_LEN:
+                qb, kb, vb = (x.index_select(0, bk.rows).view(bk.nb, bk.L, x.shape[1], hn) for x in (q, k, v))
+                o = matmul_causal_attention(qb, kb, vb, scale).reshape(bk.nb * bk.L, heads * hn)
+            else:
+                if wide is None:
+                    # PyTorch's CPU flash attention runs faster in float32 than in bf16 (forward +
+                    # backward of a SmolLM2 bucket: 25 against 29-37 ms), and is exact-er; the
+                    # output goes back to bf16
+                    wide = tuple(x.float() for x in (q, k, v)) if low else (q, k, v)
+                qb, kb, vb = (
+                    x.index_select(0, bk.rows).view(bk.nb, bk.L, x.shape[1], hn).transpose(1, 2)
+                    for x in wide
+                )
+                o = F.scaled_dot_product_attention(
+                    qb, kb, vb, is_causal=True, scale=scale, enable_gqa=kb.shape[1] != heads
+                ).transpose(1, 2).reshape(bk.nb * bk.L, heads * hn)
+            outs.append((o if bk.keep is None else o.index_select(0, bk.keep)).to(dtype))
+        return torch.cat(outs).index_select(0, plan.perm).view(sq, b, heads * hn)
+
+
+# On a CPU, bf16 attention over sequences up to this long runs as plain matmuls (below): forward +
+# backward of (nb, L) buckets of ~1,300 tokens, SmolLM2's heads, 2 threads with AVX512_BF16 against
+# the float32 flash kernel: L=128 5-6 vs 12.5 ms, 256 9-12 vs 20, 512 17-25 vs 30, 1024 46-55 vs 51.
+# The (L x L) probabilities it keeps for the backward grow as L^2, so longer buckets keep to flash.
+MATMUL_ATTENTION_MAX_LEN = 512
+
+
+def matmul_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of (nb, L, heads, hn) queries over (nb, L, groups, hn) keys and values
+    (grouped-query: head h reads group h // (heads // groups)) as three batched matmuls in the
+    inputs' dtype -> (nb, L, heads, hn). The query heads of a group are stacked along the rows, so
+    each group's keys are read once; the scores take the scale and the causal -inf in one
+    ``baddbmm``, and the softmax (float32 inside) gives the probabilities in the inputs' dtype, as
+    HF's eager attention and Megatron's unfused one keep them. Autograd keeps those probabilities
+    (nb x heads x L^2) for the backward."""
+    nb, L, heads, hn = q.shape
+    groups = k.shape[2]
+    g = heads // groups
+    qg = q.view(nb, L, groups, g, hn).permute(0, 2, 3, 1, 4).reshape(nb * groups, g * L, hn)
+    kg, vg = (x.permute(0, 2, 1, 3).reshape(nb * groups, L, hn) for x in (k, v))
+    causal = torch.full((L, L), float("-inf"), dtype=q.dtype, device=q.device).triu_(1).repeat(g, 1)
+    p = torch.softmax(torch.baddbmm(causal, qg, kg.transpose(1, 2), alpha=scale), dim=-1)
+    o = torch.bmm(p, vg)  # (nb * groups, g * L, hn)
+    return o.view(nb, groups, g, L, hn).permute(0, 3, 1, 2, 4).reshape(nb, L, heads, hn)
 
 
 def _unwrap(model: Any) -> Any:

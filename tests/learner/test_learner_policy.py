@@ -98,6 +98,69 @@ def test_bucketed_attention_equals_per_sequence_causal_attention_with_gradients(
     torch.testing.assert_close(low.double(), out, rtol=0, atol=3e-2)
 
 
+@pytest.mark.parametrize("max_len", [0, 5, 10_000])
+def test_bf16_bucketed_attention_matches_float64_on_either_kernel(max_len, monkeypatch):
+    """A bf16 model's packed attention on a CPU: buckets up to ``MATMUL_ATTENTION_MAX_LEN`` run
+    as bf16 matmuls, longer ones on the float32 flash kernel (``max_len`` 5 mixes both in one
+    plan). Outputs and q/k/v gradients stay within bf16 rounding of float64 causal attention of
+    each sequence alone."""
+    from types import SimpleNamespace
+
+    from agent_r1.learner import policy
+    from agent_r1.learner.policy import AttentionPlan, PackedAttention
+
+    monkeypatch.setattr(policy, "MATMUL_ATTENTION_MAX_LEN", max_len)
+    g = torch.Generator().manual_seed(1)
+    lengths = [9, 8, 3, 6, 1, 5]
+    bounds, a = [], 0
+    for n in lengths:
+        bounds.append((a, a + n))
+        a += n
+    heads, groups, hn = 6, 2, 16
+    q, k, v = (torch.randn(a, 1, h, hn, generator=g, dtype=torch.float64) for h in (heads, groups, groups))
+    q, k, v = (x.bfloat16().double() for x in (q, k, v))  # what the bf16 run sees, exactly
+    grad_out = torch.randn(a, 1, heads * hn, generator=g, dtype=torch.float64).bfloat16()
+    plan = AttentionPlan.of(bounds, torch.device("cpu"))
+    attn = PackedAttention(SimpleNamespace(softmax_scale=0.25), {"plan": plan})
+    leaves = [x.bfloat16().requires_grad_(True) for x in (q, k, v)]
+    out = attn(*leaves, None)
+    assert out.dtype == torch.bfloat16
+    (out.float() * grad_out.float()).sum().backward()
+    ref_leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    outs = []
+    for s, e in bounds:
+        qs, ks, vs = (x[s:e, 0].transpose(0, 1).unsqueeze(0) for x in ref_leaves)
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=0.25, enable_gqa=True)
+        outs.append(o[0].transpose(0, 1).reshape(e - s, 1, heads * hn))
+    ref = torch.cat(outs)
+    (ref * grad_out.double()).sum().backward()
+    torch.testing.assert_close(out.double(), ref.detach(), rtol=0, atol=3e-2)
+    for got, want in zip(leaves, ref_leaves, strict=True):
+        assert got.grad.dtype == torch.bfloat16
+        err = (got.grad.double() - want.grad).abs().max() / want.grad.abs().max()
+        assert err < 3e-2, err
+
+
+def test_matmul_causal_attention_equals_sdpa_in_float64():
+    """The matmul kernel itself, exact arithmetic: grouped-query heads stacked per group, the
+    causal -inf and the scale in one baddbmm give SDPA's outputs and gradients (float64)."""
+    from agent_r1.learner.policy import matmul_causal_attention
+
+    g = torch.Generator().manual_seed(2)
+    nb, L, heads, groups, hn = 3, 7, 6, 2, 4
+    q, k, v = (torch.randn(nb, L, h, hn, generator=g, dtype=torch.float64, requires_grad=True)
+               for h in (heads, groups, groups))  # fmt: skip
+    w = torch.randn(nb, L, heads, hn, generator=g, dtype=torch.float64)
+    out = matmul_causal_attention(q, k, v, 0.4)
+    (out * w).sum().backward()
+    ref_in = [x.detach().transpose(1, 2).requires_grad_(True) for x in (q, k, v)]
+    ref = F.scaled_dot_product_attention(*ref_in, is_causal=True, scale=0.4, enable_gqa=True).transpose(1, 2)
+    (ref * w).sum().backward()
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    for got, want in zip((q, k, v), ref_in, strict=True):
+        torch.testing.assert_close(got.grad, want.grad.transpose(1, 2), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_native_logprob_kernel_equals_the_pytorch_path(dtype, monkeypatch):
     """On a CPU the vocabulary-parallel logprob/entropy runs as ``native/logprob.cpp``: logprobs,
