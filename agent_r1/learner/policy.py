@@ -190,12 +190,15 @@ class PackedAttention(torch.nn.Module):
                     # output goes back to bf16
                     wide = tuple(x.float() for x in (q, k, v)) if low else (q, k, v)
                 qb, kb, vb = (
-                    x.index_select(0, bk.rows).view(bk.nb, bk.L, x.shape[1], hn).transpose(1, 2)
-                    for x in wide
+                    x.index_select(0, bk.rows).view(bk.nb, bk.L, x.shape[1], hn).transpose(1, 2) for x in wide
                 )
-                o = F.scaled_dot_product_attention(
-                    qb, kb, vb, is_causal=True, scale=scale, enable_gqa=kb.shape[1] != heads
-                ).transpose(1, 2).reshape(bk.nb * bk.L, heads * hn)
+                o = (
+                    F.scaled_dot_product_attention(
+                        qb, kb, vb, is_causal=True, scale=scale, enable_gqa=kb.shape[1] != heads
+                    )
+                    .transpose(1, 2)
+                    .reshape(bk.nb * bk.L, heads * hn)
+                )
             outs.append((o if bk.keep is None else o.index_select(0, bk.keep)).to(dtype))
         return torch.cat(outs).index_select(0, plan.perm).view(sq, b, heads * hn)
 

@@ -15,6 +15,7 @@ through ``F.linear``.
 from __future__ import annotations
 
 import functools
+import mmap
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,30 @@ SUPPORTED = (
     "qwen2_vl",
     "qwen2_5_vl",
 )  # *_vl: the language model (mRoPE)
+
+
+_HUGE = 2 << 20
+
+
+def cache_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed KV-cache tensor. On a Linux CPU: anonymous memory in 2 MiB-aligned huge pages
+    where the kernel grants them (``MADV_HUGEPAGE``, for transparent huge pages in "madvise" mode).
+    A decode step reads hundreds of MB scattered over the cache's slots, and with 4 KiB pages each
+    few KB of it costs a TLB walk (SmolLM2 in bf16, 64 rows at position 192, 2-core EPYC: attention
+    over 30 layers 16.2 -> 14.0 ms, the decode step 74 -> 70 ms). Every page is touched here, once,
+    as ``torch.zeros`` does: pages first touched inside decode steps stalled them on the kernel's
+    compaction (the uniform benchmark 15.3-15.9 -> 18.2-18.5 s). Elsewhere ``torch.zeros``."""
+    nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+    if torch.device(device).type != "cpu" or not hasattr(mmap, "MADV_HUGEPAGE") or nbytes < _HUGE:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    buf = mmap.mmap(-1, nbytes + _HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:  # no THP in this kernel: plain pages
+        pass
+    raw = torch.frombuffer(buf, dtype=torch.uint8)  # keeps the mapping alive as long as any view
+    start = -raw.data_ptr() % _HUGE
+    return raw[start : start + nbytes].zero_().view(dtype).view(shape)
 
 
 @functools.cache
@@ -141,8 +166,7 @@ class SlotModel:
         self.dtype = next(model.parameters()).dtype
         self.device = dev = next(model.parameters()).device  # the KV cache and every index live here
         shape = (len(self.inner.layers), slots, self.n_kv, max_len, self.head_dim)
-        self.k = torch.zeros(shape, dtype=self.dtype, device=dev)
-        self.v = torch.zeros(shape, dtype=self.dtype, device=dev)
+        self.k, self.v = (cache_zeros(shape, self.dtype, dev) for _ in range(2))
         self.native = True  # decode through the native CPU kernels where they build (agent_r1/native)
         with torch.no_grad():
             probe = torch.zeros(1, 1, cfg.hidden_size, dtype=self.dtype, device=dev)

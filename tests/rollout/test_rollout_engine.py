@@ -513,3 +513,28 @@ print(json.dumps([plain, [step() for _ in range(12)]]))
     plain, kept = json.loads(out.stdout.strip().splitlines()[-1])
     assert min(plain[6:]) > 10_000, plain  # 64 MB of fresh pages (4 KB each) at every step before
     assert sum(kept[6:]) < 16_384, kept  # after: at most one step's worth while the heap settles
+
+
+def test_the_kv_cache_is_zeroed_aligned_and_writable_memory():
+    """``cache_zeros``: the KV cache's own allocation (huge-page advised anonymous memory on a
+    Linux CPU) is a contiguous zero tensor of the shape and dtype asked, 2 MiB-aligned there,
+    writable, and stays valid after the call returns (its mapping lives as long as a view)."""
+    import gc
+    import mmap
+
+    from agent_r1.rollout.slot_model import cache_zeros
+
+    shape = (2, 3, 2, 512, 64)  # 786,432 values: 1.5 MiB in bf16 (torch.zeros), 3 MiB in float32 (mapped)
+    for dtype in (torch.bfloat16, torch.float32):
+        t = cache_zeros(shape, dtype, torch.device("cpu"))
+        assert t.shape == shape and t.dtype == dtype and t.is_contiguous()
+        assert not t.any()
+        if hasattr(mmap, "MADV_HUGEPAGE") and t.numel() * t.element_size() >= 2 << 20:
+            assert t.data_ptr() % (2 << 20) == 0
+        view = t[1, 2]
+        del t
+        gc.collect()
+        view.fill_(3)
+        assert float(view.float().sum()) == 3 * view.numel()
+    small = cache_zeros((4, 8), torch.float32, torch.device("cpu"))  # under 2 MiB: torch.zeros
+    assert small.shape == (4, 8) and not small.any()
