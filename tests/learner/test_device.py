@@ -45,3 +45,54 @@ def test_freed_blocks_are_reused_without_page_faults_and_memory_stays_bounded():
     step_mb = 48 + 8 + 96 + 3 + 64 + 20
     assert kept["rss"][-1] - kept["rss"][0] < 2 * step_mb, kept["rss"]
     assert kept["rss"][-1] - kept["rss"][5] < 2 * 96, kept["rss"]
+
+
+SCALE = r"""
+import json, resource, torch
+from megatron.core import utils as mutils
+from megatron.core.optimizer import clip_grads, optimizer
+from agent_r1.learner import cpu_compat
+
+assert clip_grads.multi_tensor_scale_impl is mutils.local_multi_tensor_scale  # no TE, no apex here
+cpu_compat.apply()
+out = {"installed": [m.multi_tensor_scale_impl is cpu_compat._scale_into for m in (clip_grads, optimizer)]}
+g = torch.Generator().manual_seed(0)
+src = [torch.randn(1000, generator=g), torch.randn(37, 5, generator=g)]
+same = []
+for scale in (1.0, 0.37):
+    for dtype in (torch.bfloat16, torch.float32):  # fp32 main weights into bf16 ones; fp32 grads
+        a = [torch.empty_like(s, dtype=dtype) for s in src]
+        b = [torch.empty_like(s, dtype=dtype) for s in src]
+        mutils.local_multi_tensor_scale(0, None, [src, a], scale)
+        cpu_compat._scale_into(0, None, [src, b], scale)
+        same.append(all(torch.equal(x, y) for x, y in zip(a, b)))
+grads = [s.clone() for s in src]  # the clip's call: src and dst the same tensors
+cpu_compat._scale_into(0, None, [grads, grads], 0.5)
+same.append(all(torch.equal(x, s * 0.5) for x, s in zip(grads, src)))
+out["same"] = same
+big = [torch.ones(16 << 20)]  # 64 MB: past glibc's mmap threshold, so a temporary is fresh pages
+faults = {}
+for name, fn in (("megatron", mutils.local_multi_tensor_scale), ("ours", cpu_compat._scale_into)):
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(3):
+        fn(0, None, [big, big], 0.5)
+    faults[name] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+out["faults"] = faults
+print(json.dumps(out))
+"""
+
+
+def test_the_cpu_learners_tensor_scale_writes_in_place():
+    """Without Transformer Engine or apex (every CPU), Megatron scales and copies tensor lists
+    (the gradient clip; fp32 main weights into the bf16 model after each step) with
+    ``local_multi_tensor_scale``, whose ``dst.copy_(src * scale)`` makes a full-size temporary.
+    ``cpu_compat.apply`` installs ``_scale_into`` in both places: bit-identical results (into bf16
+    and float32, scale 1 and not, src and dst the same tensors) without the temporary's page
+    faults (3 calls on a 64 MB tensor: Megatron's faults in >= 3 x 16K pages, ours < 1K)."""
+    proc = subprocess.run([sys.executable, "-c", SCALE], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["installed"] == [True, True]
+    assert all(out["same"]), out["same"]
+    assert out["faults"]["megatron"] >= 3 * 16_000, out["faults"]
+    assert out["faults"]["ours"] < 1_000, out["faults"]
