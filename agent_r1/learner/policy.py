@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from agent_r1 import native
 from agent_r1.learner import context_parallel
+from agent_r1.learner.norm import install_fused_rms_norm
 from agent_r1.learner.packing import Packed
 
 
@@ -580,6 +581,7 @@ def _forward(model: Any, packed: Packed, vision: Any = None) -> torch.Tensor:
         )
     rotary = install_packed_rotary(model)
     attention = install_packed_attention(model)
+    install_fused_rms_norm(model)
     rotary.positions = packed.positions
     decoder_input = _image_input(model, packed, vision)
     positions = packed.positions[0] if multimodal else packed.positions  # (rope angles: PackedRotary)
