@@ -58,6 +58,25 @@ def test_packed_logprobs_refuses_a_temperature_that_is_not_positive_and_finite(t
         packed_logprobs(torch.zeros(2, 5), torch.tensor([0, 1]), temperature=temp)
 
 
+def _bounds(lengths: list[int]) -> tuple[list[tuple[int, int]], int]:
+    """Packed sequences of these lengths: their (start, end) and the stream's length."""
+    bounds, a = [], 0
+    for n in lengths:
+        bounds.append((a, a + n))
+        a += n
+    return bounds, a
+
+
+def _per_sequence_attention(bounds, q, k, v, scale):
+    """Causal SDPA on each packed sequence by itself, (rows, 1, heads * hn) like PackedAttention."""
+    outs = []
+    for s, e in bounds:
+        qs, ks, vs = (x[s:e, 0].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
+        outs.append(o[0].transpose(0, 1).reshape(e - s, 1, -1))
+    return torch.cat(outs)
+
+
 def test_bucketed_attention_equals_per_sequence_causal_attention_with_gradients():
     """Packed sequences of different lengths batched into padded buckets (``AttentionPlan``) and
     attended with the causal mask alone: outputs and the gradients of q, k and v equal causal
@@ -68,11 +87,7 @@ def test_bucketed_attention_equals_per_sequence_causal_attention_with_gradients(
     from agent_r1.learner.policy import AttentionPlan, PackedAttention
 
     g = torch.Generator().manual_seed(0)
-    lengths = [7, 6, 2, 5, 1]
-    bounds, a = [], 0
-    for n in lengths:
-        bounds.append((a, a + n))
-        a += n
+    bounds, a = _bounds([7, 6, 2, 5, 1])
     heads, groups, hn = 4, 2, 8
     q, k, v = (torch.randn(a, 1, h, hn, generator=g, dtype=torch.float64) for h in (heads, groups, groups))
     plan = AttentionPlan.of(bounds, torch.device("cpu"))
@@ -82,14 +97,10 @@ def test_bucketed_attention_equals_per_sequence_causal_attention_with_gradients(
     leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
     (attn(*leaves, None) * grad_out).sum().backward()
     ref_leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
-    outs = []
-    for s, e in bounds:
-        qs, ks, vs = (x[s:e, 0].transpose(0, 1).unsqueeze(0) for x in ref_leaves)
-        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=0.3, enable_gqa=True)
-        outs.append(o[0].transpose(0, 1).reshape(e - s, 1, heads * hn))
-    (torch.cat(outs) * grad_out).sum().backward()
+    ref = _per_sequence_attention(bounds, *ref_leaves, 0.3)
+    (ref * grad_out).sum().backward()
     out = attn(q, k, v, None)
-    torch.testing.assert_close(out, torch.cat(outs).detach(), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(out, ref.detach(), rtol=1e-10, atol=1e-10)
     for got, ref in zip(leaves, ref_leaves, strict=True):
         torch.testing.assert_close(got.grad, ref.grad, rtol=1e-10, atol=1e-10)
     # a bf16 model's attention (computed in float32 on a CPU) comes back in bf16, within its rounding
@@ -111,11 +122,7 @@ def test_bf16_bucketed_attention_matches_float64_on_either_kernel(max_len, monke
 
     monkeypatch.setattr(policy, "MATMUL_ATTENTION_MAX_LEN", max_len)
     g = torch.Generator().manual_seed(1)
-    lengths = [9, 8, 3, 6, 1, 5]
-    bounds, a = [], 0
-    for n in lengths:
-        bounds.append((a, a + n))
-        a += n
+    bounds, a = _bounds([9, 8, 3, 6, 1, 5])
     heads, groups, hn = 6, 2, 16
     q, k, v = (torch.randn(a, 1, h, hn, generator=g, dtype=torch.float64) for h in (heads, groups, groups))
     q, k, v = (x.bfloat16().double() for x in (q, k, v))  # what the bf16 run sees, exactly
@@ -127,12 +134,7 @@ def test_bf16_bucketed_attention_matches_float64_on_either_kernel(max_len, monke
     assert out.dtype == torch.bfloat16
     (out.float() * grad_out.float()).sum().backward()
     ref_leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
-    outs = []
-    for s, e in bounds:
-        qs, ks, vs = (x[s:e, 0].transpose(0, 1).unsqueeze(0) for x in ref_leaves)
-        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=0.25, enable_gqa=True)
-        outs.append(o[0].transpose(0, 1).reshape(e - s, 1, heads * hn))
-    ref = torch.cat(outs)
+    ref = _per_sequence_attention(bounds, *ref_leaves, 0.25)
     (ref * grad_out.double()).sum().backward()
     torch.testing.assert_close(out.double(), ref.detach(), rtol=0, atol=3e-2)
     for got, want in zip(leaves, ref_leaves, strict=True):
