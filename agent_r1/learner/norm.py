@@ -16,7 +16,6 @@ import functools
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from agent_r1 import native
 
@@ -70,8 +69,8 @@ def _forward(norm: torch.nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
         fns = _kernels(x.dtype)
     elif x.device.type == w.device.type == "meta" and not dry_run.fused():  # not a GPU's plan
         fns = _META
-    if fns is None:
-        return F.rms_norm(x, norm.normalized_shape, w, eps)
+    if fns is None:  # the class's forward: PyTorch's, or what a dry run planning a GPU put there
+        return torch.nn.RMSNorm.forward(norm, x)
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
         return _RMSNorm.apply(x, w, eps, fns)
     return _run_forward(fns, x.contiguous(), w, eps)
@@ -80,7 +79,7 @@ def _forward(norm: torch.nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
 def install_fused_rms_norm(model: Any) -> int:
     """Route every ``torch.nn.RMSNorm`` over the last dimension with a weight, on the CPU, through
     ``_RMSNorm`` (idempotent); how many it routed. Nothing changes where the kernel cannot be built
-    (``_forward`` falls back to ``F.rms_norm``) or on other devices. A dry run of a CPU learner
+    (``_forward`` falls back to the class's forward) or on other devices. A dry run of a CPU learner
     (meta tensors) routes them too, so its accounting keeps what ``_RMSNorm`` keeps; one that
     plans a GPU's kernels does not."""
     count = 0

@@ -62,3 +62,24 @@ def test_only_cpu_rms_norms_over_the_last_dim_with_a_weight_are_routed():
     after = [n(x if i < 3 else x.view(3, 2, 4)) for i, n in enumerate(norms)]
     for i, (a, b) in enumerate(zip(before, after, strict=True)):
         torch.testing.assert_close(a, b, rtol=1e-6 if i == 0 else 0, atol=1e-6 if i == 0 else 0)
+
+
+def test_a_gpu_plans_dry_run_still_reaches_the_class_forward(monkeypatch):
+    """A dry run that plans a GPU's kernels replaces ``torch.nn.RMSNorm.forward`` (with what
+    Transformer Engine's fused norm keeps): a routed norm on meta tensors must land there, not on
+    its own path (the GPU presets' plans otherwise count PyTorch's composite norm and no longer fit).
+    A dry run of a CPU learner keeps the routed path."""
+    from agent_r1.learner import dry_run
+    from agent_r1.learner.norm import install_fused_rms_norm
+
+    calls = []
+    monkeypatch.setattr(torch.nn.RMSNorm, "forward", lambda norm, x: calls.append(x.shape) or x * 1)
+    norm = torch.nn.RMSNorm(16, device="meta")
+    assert install_fused_rms_norm(norm) == 1
+    x = torch.empty(4, 16, device="meta", requires_grad=True)
+    monkeypatch.setattr(dry_run, "fused", lambda: True)
+    norm(x)
+    assert calls == [(4, 16)]
+    monkeypatch.setattr(dry_run, "fused", lambda: False)
+    y = norm(x)
+    assert calls == [(4, 16)] and y.grad_fn is not None and type(y.grad_fn).__name__ == "_RMSNormBackward"
