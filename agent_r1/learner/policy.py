@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from agent_r1 import native
 from agent_r1.learner import context_parallel
+from agent_r1.learner.activation import install_fused_swiglu
 from agent_r1.learner.norm import install_fused_rms_norm
 from agent_r1.learner.packing import Packed
 
@@ -224,10 +225,44 @@ def matmul_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     g = heads // groups
     qg = q.view(nb, L, groups, g, hn).permute(0, 2, 3, 1, 4).reshape(nb * groups, g * L, hn)
     kg, vg = (x.permute(0, 2, 1, 3).reshape(nb * groups, L, hn) for x in (k, v))
-    causal = torch.full((L, L), float("-inf"), dtype=q.dtype, device=q.device).triu_(1).repeat(g, 1)
-    p = torch.softmax(torch.baddbmm(causal, qg, kg.transpose(1, 2), alpha=scale), dim=-1)
+    fns = _causal_softmax_kernels(q.dtype) if q.device.type == "cpu" else None
+    if fns is not None:  # native: each row's softmax over its causal columns only
+        p = _CausalSoftmax.apply(torch.bmm(qg, kg.transpose(1, 2)), scale, fns)
+    else:
+        causal = torch.full((L, L), float("-inf"), dtype=q.dtype, device=q.device).triu_(1).repeat(g, 1)
+        p = torch.softmax(torch.baddbmm(causal, qg, kg.transpose(1, 2), alpha=scale), dim=-1)
     o = torch.bmm(p, vg)  # (nb * groups, g * L, hn)
     return o.view(nb, groups, g, L, hn).permute(0, 3, 1, 2, 4).reshape(nb, L, heads, hn)
+
+
+class _CausalSoftmax(torch.autograd.Function):
+    """softmax(scale * s) of raw (B, g * L, L) scores whose row r is query position r mod L, over
+    the columns up to it (the rest 0), in place of ``s`` (``native/causal_softmax.cpp``)."""
+
+    @staticmethod
+    def forward(ctx, s: torch.Tensor, scale: float, fns: Any) -> torch.Tensor:
+        B, R, L = s.shape
+        native.call(fns[0], s, scale, s, B, R, L)
+        ctx.mark_dirty(s)
+        ctx.save_for_backward(s)
+        ctx.scale, ctx.fns = scale, fns
+        return s
+
+    @staticmethod
+    def backward(ctx, dp: torch.Tensor):
+        (p,) = ctx.saved_tensors
+        ds = torch.empty_like(p)
+        native.call(ctx.fns[1], p, dp.contiguous(), ctx.scale, ds, *p.shape)
+        return ds, None, None
+
+
+@functools.cache
+def _causal_softmax_kernels(dtype: torch.dtype) -> tuple[Any, Any] | None:
+    fwd = native.function("causal_softmax", "agent_r1_causal_softmax_forward", dtype, "p f32 p i32 i32 i32")
+    bwd = native.function(
+        "causal_softmax", "agent_r1_causal_softmax_backward", dtype, "p p f32 p i32 i32 i32"
+    )
+    return None if fwd is None or bwd is None else (fwd, bwd)
 
 
 def _unwrap(model: Any) -> Any:
@@ -582,6 +617,7 @@ def _forward(model: Any, packed: Packed, vision: Any = None) -> torch.Tensor:
     rotary = install_packed_rotary(model)
     attention = install_packed_attention(model)
     install_fused_rms_norm(model)
+    install_fused_swiglu(model)
     rotary.positions = packed.positions
     decoder_input = _image_input(model, packed, vision)
     positions = packed.positions[0] if multimodal else packed.positions  # (rope angles: PackedRotary)

@@ -32,6 +32,7 @@ def main() -> None:
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
+    from agent_r1.learner.activation import install_fused_swiglu
     from agent_r1.learner.cpu_compat import apply
     from agent_r1.learner.policy import (
         install_packed_attention,
@@ -52,6 +53,7 @@ def main() -> None:
         lp = forward_logprobs(model, packed, cfg.vocab_size, chunk=7)
         results[layout] = max_diff_over_ranks(lp, ref, world)
         results[f"{layout}_per_sequence_attention"] = install_packed_attention(model) is not None
+        results[f"{layout}_native_swiglu"] = install_fused_swiglu(model)  # the MLPs the forward routed
         if layout == "1x1":  # the same logits as Megatron's own attention with the N x N mask
             with torch.no_grad():
                 sdpa = packed_forward(model, packed)

@@ -23,6 +23,7 @@ def policy_results(tiny_model_dir, tmp_path_factory):
 def test_prefix_merged_packed_logprobs_equal_per_step(policy_results, layout):
     assert policy_results[layout] < 1e-5
     assert policy_results[f"{layout}_per_sequence_attention"]  # SDPA per packed sequence, no N x N mask
+    assert policy_results[f"{layout}_native_swiglu"] > 0  # every MLP's activation: native/swiglu.cpp
 
 
 def test_per_sequence_attention_equals_the_masked_attention(policy_results):
@@ -161,6 +162,41 @@ def test_matmul_causal_attention_equals_sdpa_in_float64():
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     for got, want in zip((q, k, v), ref_in, strict=True):
         torch.testing.assert_close(got.grad, want.grad.transpose(1, 2), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_native_causal_softmax_matches_float64_sdpa(dtype, monkeypatch):
+    """On a CPU the matmul attention's softmax is ``native/causal_softmax.cpp`` (each row over its
+    causal columns, the scale inside): outputs and gradients against float64 SDPA within float32
+    rounding or a bf16 rounding, and no worse than the baddbmm + softmax path it replaces (a scale
+    that is not a power of two, an odd length, grouped-query heads)."""
+    from agent_r1.learner import policy
+
+    assert policy._causal_softmax_kernels(dtype) is not None
+    g = torch.Generator().manual_seed(3)
+    nb, L, heads, groups, hn = 3, 37, 6, 2, 16
+    x64 = [torch.randn(nb, L, h, hn, generator=g, dtype=torch.float64) for h in (heads, groups, groups)]
+    w = torch.randn(nb, L, heads, hn, generator=g, dtype=torch.float64)
+    ref_in = [x.transpose(1, 2).requires_grad_(True) for x in x64]
+    ref = F.scaled_dot_product_attention(*ref_in, is_causal=True, scale=0.3, enable_gqa=True).transpose(1, 2)
+    (ref * w).sum().backward()
+    want = [ref.detach(), *(x.grad.transpose(1, 2) for x in ref_in)]
+
+    def run():
+        q, k, v = (x.to(dtype).requires_grad_(True) for x in x64)
+        out = policy.matmul_causal_attention(q, k, v, 0.3)
+        (out * w.to(dtype)).sum().backward()
+        return [out.detach(), q.grad, k.grad, v.grad]
+
+    def errors(got):
+        return [((a.double() - b).abs().max() / b.abs().max()).item() for a, b in zip(got, want, strict=True)]
+
+    native = errors(run())
+    monkeypatch.setattr(policy, "_causal_softmax_kernels", lambda dtype: None)
+    plain = errors(run())
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for name, e, p in zip(("out", "dq", "dk", "dv"), native, plain, strict=True):
+        assert e < tol and e <= max(2 * p, 1e-6), (name, e, p)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

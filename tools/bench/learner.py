@@ -11,7 +11,8 @@
    fp32 main weights, optimizer and loss) against its float32 time. ``--baseline COMMIT`` compares
    against this package at a commit instead (``git archive``), ``--baseline list`` against the
    frozen list path of ``tests/learner/list_path.py``. Each path runs in its own process, so its
-   peak RSS is its own.
+   peak RSS is its own; the paths take turns, one timed update each per round (``--repeat``
+   rounds, the best kept), so a slow spell of a shared machine falls on all of them alike.
 2. ``merge``: training 5-step append-mode trajectories as prefix-merged packed sequences against the
    per-step padded rows Agent-R1 and verl use (one row per step, each re-prefilling its whole
    observation); same Megatron-Core model, same loss; plus the merged step at TP2.
@@ -99,7 +100,7 @@ def build_model(out: Path, shape: dict) -> Path:
 
 # ---- 1. the update phase ----------------------------------------------------------------------------
 def update_worker(a: argparse.Namespace) -> None:
-    """One path, one size: prints {"seconds": best update time, "rss_mb": peak RSS, metrics}."""
+    """One path, one size, driven by the parent (``_serve``)."""
     path, size, model_dir = a.update_worker
     _init(a.threads)
     from megatron.core import parallel_state as ps
@@ -122,23 +123,32 @@ def update_worker(a: argparse.Namespace) -> None:
         sys.path.insert(0, str(ROOT / "tests" / "learner"))
         import list_path
 
-        def update(it):
-            return list_path.update(learner, table, 1, it)
+        run = list_path.update
     else:
+        run = Learner.update
 
-        def update(it):
-            return learner.update(table, 1, it)
+    def update(it: int) -> dict:
+        m = run(learner, table, 1, it)
+        return {"tokens": m["train/tokens"], "loss": m["loss/pg"]}
 
-    times, m = [], {}
-    for it in range(a.repeat + 1):  # the first is a warm-up
+    _serve(update)
+
+
+def _serve(update) -> None:
+    """A worker's side of the interleaving: one warm-up update, then one timed update for each line
+    the parent writes to stdin, each answered with {"seconds"} (meanwhile the parent's other
+    workers wait on their stdin, taking no CPU); at EOF {"seconds": the best, "rss_mb": peak RSS,
+    and the last update's "tokens" and "loss"}."""
+    last = update(0)
+    print(json.dumps({"ready": True}), flush=True)
+    times = []
+    for it, _ in enumerate(sys.stdin, 1):
         t0 = time.perf_counter()
-        m = update(it)
-        if it:
-            times.append(time.perf_counter() - t0)
+        last = update(it)
+        times.append(time.perf_counter() - t0)
+        print(json.dumps({"seconds": times[-1]}), flush=True)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(
-        json.dumps({"seconds": min(times), "rss_mb": rss, "tokens": m["train/tokens"], "loss": m["loss/pg"]})
-    )
+    print(json.dumps({"seconds": min(times), "rss_mb": rss, **last}), flush=True)
 
 
 def _baseline_tree(commit: str, tmp: Path) -> Path:
@@ -156,13 +166,53 @@ def _baseline_tree(commit: str, tmp: Path) -> Path:
     return out
 
 
-def _run_worker(args: list[str], env: dict[str, str], what: str) -> dict:
-    out = subprocess.run(
-        [sys.executable, __file__, *args], capture_output=True, text=True, check=False, env=env
-    )
-    if out.returncode:
-        sys.exit(f"{what} failed:\n{out.stdout[-2000:]}{out.stderr[-4000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+class _Worker:
+    """One path in its own process (``_serve``), started and warmed up before the next one starts,
+    then driven one timed update at a time."""
+
+    def __init__(self, args: list[str], env: dict[str, str], what: str):
+        self.what, self.err = what, tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self.err, text=True, env=env,
+        )  # fmt: skip
+        self._expect("ready")
+
+    def _expect(self, key: str) -> dict:
+        seen = []
+        for line in self.proc.stdout:
+            try:
+                out = json.loads(line)
+            except json.JSONDecodeError:
+                seen.append(line)
+                continue
+            if key in out:
+                return out
+        self.proc.wait()
+        self.err.seek(0)
+        sys.exit(
+            f"{self.what} failed (exit {self.proc.returncode}):\n{''.join(seen)[-2000:]}{self.err.read()[-4000:]}"
+        )
+
+    def timed(self) -> float:
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return self._expect("seconds")["seconds"]
+
+    def finish(self) -> dict:
+        self.proc.stdin.close()
+        out = self._expect("rss_mb")
+        self.proc.wait()
+        return out
+
+
+def _interleaved(workers: list[_Worker], repeat: int) -> list[dict]:
+    """``repeat`` rounds of one timed update per worker in turn, so a slow spell of a shared machine
+    falls on every path alike rather than on whichever ran then; each path's best time."""
+    for _ in range(repeat):
+        for w in workers:
+            w.timed()
+    return [w.finish() for w in workers]
 
 
 def bench_update(a: argparse.Namespace) -> None:
@@ -179,14 +229,28 @@ def bench_update(a: argparse.Namespace) -> None:
     common = [f"--repeat={a.repeat}", f"--threads={a.threads}", *[f"--override={o}" for o in a.overrides]]
     for size in a.sizes.split(","):
         model = str(build_model(tmp / size, SIZES[size]["model"]))
-        ours = _run_worker(["--update-worker", "batch", size, model, *common], os.environ, f"batch at {size}")
+        workers = [
+            _Worker(["--update-worker", "batch", size, model, *common], os.environ, f"batch at {size}")
+        ]
         if a.baseline == "hf_padded":
-            ref = _run_worker(["--hf-worker", size, model, "float32", *common], os.environ, f"hf at {size}")
+            workers.append(
+                _Worker(["--hf-worker", size, model, "float32", *common], os.environ, f"hf at {size}")
+            )
         else:
             path = "list" if a.baseline == "list" else "batch"
-            ref = _run_worker(
-                ["--update-worker", path, size, model, *common], base_env, f"{base_name} at {size}"
+            workers.append(
+                _Worker(["--update-worker", path, size, model, *common], base_env, f"{base_name} at {size}")
             )
+        half_ok = bf16_units()
+        if half_ok:
+            workers.append(
+                _Worker(
+                    ["--update-worker", "batch", size, model, *common, "--override=model.dtype=bfloat16"],
+                    os.environ,
+                    f"bf16 at {size}",
+                )  # fmt: skip
+            )
+        ours, ref, *half = _interleaved(workers, a.repeat)
         print(
             f"{size}: {SIZES[size]['records']['trajectories']} trajectories, {int(ours['tokens'])} merged tokens; "
             f"update {ours['seconds']:.3f} s (Learner.update) vs {ref['seconds']:.3f} s ({base_name}); "
@@ -200,13 +264,10 @@ def bench_update(a: argparse.Namespace) -> None:
             f"BENCH learner_update_{size}_peak_rss mb={ours['rss_mb']:.0f} baseline={base_name} "
             f"ratio={ref['rss_mb'] / ours['rss_mb']:.2f}"
         )
-        if not bf16_units():
+        if not half_ok:
             print(f"{size}: bf16 skipped (this CPU has neither AVX512_BF16 nor AMX-BF16)")
             continue
-        half = _run_worker(
-            ["--update-worker", "batch", size, model, *common, "--override=model.dtype=bfloat16"],
-            os.environ, f"bf16 at {size}",
-        )  # fmt: skip
+        half = half[0]
         print(f"{size}: update in bf16 {half['seconds']:.3f} s vs {ours['seconds']:.3f} s in float32; "
               f"loss/pg {half['loss']:.6f} vs {ours['loss']:.6f}")  # fmt: skip
         print(
@@ -220,7 +281,7 @@ def hf_worker(a: argparse.Namespace) -> None:
     trajectory (its merged stream: prompt, actions and feedback), logits at every position, the
     GRPO clip loss on the action tokens (token mean; one optimizer step, so the old logprobs are
     the step's own, as in TRL with one iteration), AdamW (fused where torch has it), clip 1.0.
-    Prints {"seconds", "rss_mb", "tokens", "loss"} like ``update_worker``."""
+    Driven by the parent like ``update_worker`` (``_serve``)."""
     size, model_dir, dtype = a.hf_worker
     torch.set_num_threads(a.threads)
     from transformers import AutoModelForCausalLM
@@ -250,7 +311,7 @@ def hf_worker(a: argparse.Namespace) -> None:
     except (RuntimeError, TypeError):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
 
-    def update() -> float:
+    def update() -> dict:
         logits = model(input_ids=ids, attention_mask=attn).logits
         logp = torch.log_softmax(logits[rows, cols - 1].float(), -1).gather(1, ids[rows, cols, None])[:, 0]
         ratio = torch.exp(logp - logp.detach())
@@ -260,18 +321,9 @@ def hf_worker(a: argparse.Namespace) -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return float(loss)
+        return {"tokens": float(b.num_stream_tokens), "loss": float(loss)}
 
-    times, loss = [], 0.0
-    for it in range(a.repeat + 1):  # the first is a warm-up
-        t0 = time.perf_counter()
-        loss = update()
-        if it:
-            times.append(time.perf_counter() - t0)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(
-        json.dumps({"seconds": min(times), "rss_mb": rss, "tokens": float(b.num_stream_tokens), "loss": loss})
-    )
+    _serve(lambda it: update())
 
 
 # ---- 2. prefix merging vs per-step rows -------------------------------------------------------------
@@ -428,7 +480,9 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--repeat", type=int, default=3, help="timed updates after one warm-up (best is kept)")
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="rounds of timed updates after one warm-up each (best is kept)"
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--micro-tokens", type=int, default=1024, help="packed tokens per micro-batch (merge)")
     ap.add_argument("--no-tp2", action="store_true", help="skip the TP2-vs-TP1 step time")
