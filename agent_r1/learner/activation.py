@@ -49,15 +49,13 @@ def _run_forward(fns: Any, x: torch.Tensor) -> torch.Tensor:
     return y
 
 
-_META = ("meta", "meta")  # a dry run of a CPU learner: the same tensors, kept alike, no values
+_META = native.META  # a dry run of a CPU learner
 
 
 @functools.cache
 def _kernels(dtype: torch.dtype) -> tuple[Any, Any] | None:
     """(forward, backward) for activations of ``dtype``; None where they cannot be built."""
-    fwd = native.function("swiglu", "agent_r1_swiglu_forward", dtype, "p p i32 i32")
-    bwd = native.function("swiglu", "agent_r1_swiglu_backward", dtype, "p p p i32 i32")
-    return None if fwd is None or bwd is None else (fwd, bwd)
+    return native.forward_backward("swiglu", dtype, "p p i32 i32", "p p p i32 i32")
 
 
 def swiglu(x: torch.Tensor) -> torch.Tensor:

@@ -48,15 +48,13 @@ def _run_forward(fns: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) ->
     return y
 
 
-_META = ("meta", "meta")  # a dry run of a CPU learner: the same tensors, kept alike, no values
+_META = native.META  # a dry run of a CPU learner
 
 
 @functools.cache
 def _kernels(dtype: torch.dtype) -> tuple[Any, Any] | None:
     """(forward, backward) for activations of ``dtype``; None where they cannot be built."""
-    fwd = native.function("rms_norm", "agent_r1_rms_norm_forward", dtype, "p p f32 p i32 i32")
-    bwd = native.function("rms_norm", "agent_r1_rms_norm_backward", dtype, "p p p f32 p p i32 i32")
-    return None if fwd is None or bwd is None else (fwd, bwd)
+    return native.forward_backward("rms_norm", dtype, "p p f32 p i32 i32", "p p p f32 p p i32 i32")
 
 
 def _forward(norm: torch.nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:

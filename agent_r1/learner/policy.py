@@ -259,11 +259,7 @@ class _CausalSoftmax(torch.autograd.Function):
 
 @functools.cache
 def _causal_softmax_kernels(dtype: torch.dtype) -> tuple[Any, Any] | None:
-    fwd = native.function("causal_softmax", "agent_r1_causal_softmax_forward", dtype, "p f32 p i32 i32 i32")
-    bwd = native.function(
-        "causal_softmax", "agent_r1_causal_softmax_backward", dtype, "p p f32 p i32 i32 i32"
-    )
-    return None if fwd is None or bwd is None else (fwd, bwd)
+    return native.forward_backward("causal_softmax", dtype, "p f32 p i32 i32 i32", "p p f32 p i32 i32 i32")
 
 
 def _unwrap(model: Any) -> Any:

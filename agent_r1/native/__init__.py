@@ -101,6 +101,20 @@ def function(name: str, symbol: str, dtype: Any, signature: str) -> ctypes._CFun
     return fn
 
 
+def forward_backward(name: str, dtype: Any, forward: str, backward: str) -> tuple[Any, Any] | None:
+    """A learner kernel's pair: ``agent_r1_<name>_forward`` and ``agent_r1_<name>_backward`` of
+    library ``name`` for the torch ``dtype`` (``forward`` and ``backward``: their signatures, as
+    ``function`` takes them); None where either cannot be built. A learner module keeps
+    ``META`` in their place for a dry run of a CPU learner (meta tensors: the same tensors, kept
+    alike, no values)."""
+    fwd = function(name, f"agent_r1_{name}_forward", dtype, forward)
+    bwd = function(name, f"agent_r1_{name}_backward", dtype, backward)
+    return None if fwd is None or bwd is None else (fwd, bwd)
+
+
+META = ("meta", "meta")
+
+
 def call(fn: ctypes._CFuncPtr, *args: Any) -> None:
     """Call a kernel: a tensor passes as its data pointer (the tensors stay referenced by ``args``
     for the call), None as a null pointer, a number as itself; torch's thread count goes last."""
