@@ -217,10 +217,11 @@ def matmul_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     """Causal attention of (nb, L, heads, hn) queries over (nb, L, groups, hn) keys and values
     (grouped-query: head h reads group h // (heads // groups)) as three batched matmuls in the
     inputs' dtype -> (nb, L, heads, hn). The query heads of a group are stacked along the rows, so
-    each group's keys are read once; the scores take the scale and the causal -inf in one
-    ``baddbmm``, and the softmax (float32 inside) gives the probabilities in the inputs' dtype, as
-    HF's eager attention and Megatron's unfused one keep them. Autograd keeps those probabilities
-    (nb x heads x L^2) for the backward."""
+    each group's keys are read once. On a CPU the raw scores go through ``native/causal_softmax.cpp``
+    (the scale inside, each row over its causal columns, in place); elsewhere the scores take the
+    scale and the causal -inf in one ``baddbmm``. The softmax (float32 inside) gives the
+    probabilities in the inputs' dtype, as HF's eager attention and Megatron's unfused one keep
+    them. Autograd keeps those probabilities (nb x heads x L^2) for the backward."""
     nb, L, heads, hn = q.shape
     groups = k.shape[2]
     g = heads // groups
