@@ -20,6 +20,7 @@ import torch
 
 from agent_r1.algos.losses import LossConfig, LossInputs, loss_config, policy_loss
 from agent_r1.cpus import ThreadGovernor
+from agent_r1.learner import main_grad
 from agent_r1.learner.checkpoint_files import (
     CheckpointError,
     first_nonfinite,
@@ -77,11 +78,7 @@ class Actor:
         train_vision: bool = False,
         temperature: float = 1.0,
     ):
-        from megatron.core.distributed import (
-            DistributedDataParallel,
-            DistributedDataParallelConfig,
-            finalize_model_grads,
-        )
+        from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
         from transformers import AutoConfig
@@ -126,7 +123,8 @@ class Actor:
         ddp = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, use_distributed_optimizer=optim.distributed_optimizer
         )
-        self.chunks = [DistributedDataParallel(cfg, ddp, module) for module in modules]
+        ddp_class = main_grad.ddp_class()  # upstream's DDP; bf16 gradients added natively on a CPU
+        self.chunks = [ddp_class(cfg, ddp, module) for module in modules]
         for chunk in self.chunks:
             _skip_single_rank_sync(chunk)
         cfg.finalize_model_grads_func = finalize_model_grads

@@ -82,12 +82,15 @@ class _Bucket:
     keep: torch.Tensor | None  # (real rows,) their places in the block; None: no padding
     nb: int
     L: int
+    dest: torch.Tensor  # (real rows,) the stream rows of those places: rows[keep]
+    pads: torch.Tensor | None  # the block's pad places (None: no padding)
 
 
 @dataclass
 class AttentionPlan:
     """The sequences of a packed stream in buckets of similar length: one causal SDPA call per
-    bucket instead of one per sequence. ``perm`` puts the buckets' real rows back in stream order.
+    bucket instead of one per sequence; each bucket's real rows go back to their places in the
+    stream (``_Bucket.dest``).
 
     A bucket's sequences are padded at their ends, so the causal mask alone keeps each real row to
     its own sequence's keys (pads come after them); the pad rows' outputs are dropped, so they pass
@@ -96,7 +99,6 @@ class AttentionPlan:
     1.38 -> 0.97 s)."""
 
     buckets: list[_Bucket]
-    perm: torch.Tensor
     cp: Any = None  # context parallelism: keys and values all-gathered over the CP ranks
     cp_mask: torch.Tensor | None = None  # (1, 1, rows, cp * rows) bool, True = attend
 
@@ -106,7 +108,7 @@ class AttentionPlan:
         starts = np.array([a for a, _ in bounds], dtype=np.int64)
         lengths = np.array([e - a for a, e in bounds], dtype=np.int64)
         order = np.argsort(-lengths, kind="stable")
-        buckets, dest, i = [], [], 0
+        buckets, i = [], 0
         while i < len(order):
             L = int(lengths[order[i]])
             j, total = i + 1, L  # the longest sequence opens the bucket
@@ -117,12 +119,16 @@ class AttentionPlan:
             pos = np.arange(L)
             valid = pos[None, :] < lengths[members][:, None]  # (nb, L)
             rows = np.where(valid, starts[members][:, None] + pos[None, :], starts[members][:, None]).ravel()
-            keep = np.flatnonzero(valid.ravel())
-            dest.append(rows[keep])
+            keep, pads = np.flatnonzero(valid.ravel()), np.flatnonzero(~valid.ravel())
             t = lambda x: torch.from_numpy(x).to(device)  # noqa: E731
-            buckets.append(_Bucket(t(rows), None if j - i == 1 else t(keep), j - i, L))
+            padded = len(pads) > 0
+            buckets.append(
+                _Bucket(
+                    t(rows), t(keep) if padded else None, j - i, L, t(rows[keep]), t(pads) if padded else None
+                )
+            )
             i = j
-        return cls(buckets, torch.from_numpy(np.argsort(np.concatenate(dest))).to(device))
+        return cls(buckets)
 
 
 class PackedAttention(torch.nn.Module):
@@ -182,9 +188,14 @@ class PackedAttention(torch.nn.Module):
         low = q.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
         wide = None  # float32 q, k, v for the flash kernel, made once if a bucket needs them
         outs = []
+        short = [bk for bk in plan.buckets if low and bk.L <= MATMUL_ATTENTION_MAX_LEN]
+        blocks = {}  # each short bucket's q, k and v blocks, gathered together (one backward each)
+        if short:
+            qs, ks, vs = (_BucketRows.apply(x, short) for x in (q, k, v))
+            blocks = {id(bk): qkv for bk, *qkv in zip(short, qs, ks, vs, strict=True)}
         for bk in plan.buckets:
-            if low and bk.L <= MATMUL_ATTENTION_MAX_LEN:
-                qb, kb, vb = (x.index_select(0, bk.rows).view(bk.nb, bk.L, x.shape[1], hn) for x in (q, k, v))
+            if id(bk) in blocks:
+                qb, kb, vb = (x.view(bk.nb, bk.L, x.shape[1], hn) for x in blocks[id(bk)])
                 o = matmul_causal_attention(qb, kb, vb, scale).reshape(bk.nb * bk.L, heads * hn)
             else:
                 if wide is None:
@@ -202,8 +213,52 @@ class PackedAttention(torch.nn.Module):
                     .transpose(1, 2)
                     .reshape(bk.nb * bk.L, heads * hn)
                 )
-            outs.append((o if bk.keep is None else o.index_select(0, bk.keep)).to(dtype))
-        return torch.cat(outs).index_select(0, plan.perm).view(sq, b, heads * hn)
+            outs.append(o.to(dtype))
+        return _StreamRows.apply(plan.buckets, *outs).view(sq, b, heads * hn)
+
+
+class _BucketRows(torch.autograd.Function):
+    """x (N, ...) -> each bucket's padded block x[rows] (nb * L, ...). The backward writes each real
+    row's gradient from its one place in its block, pads dropped (their gradient is zero:
+    ``AttentionPlan``): one pass, instead of a zero-filled N-row tensor, a scatter-add and a sum
+    per bucket (``index_select``'s backward, which allows for repeated rows)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, buckets: list[_Bucket]) -> tuple[torch.Tensor, ...]:
+        ctx.buckets, ctx.shape = buckets, x.shape
+        return tuple(x.index_select(0, bk.rows) for bk in buckets)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):
+        covered = sum(len(bk.dest) for bk in ctx.buckets) == ctx.shape[0]
+        dx = grads[0].new_empty(ctx.shape) if covered else grads[0].new_zeros(ctx.shape)
+        for bk, g in zip(ctx.buckets, grads, strict=True):
+            dx.index_copy_(0, bk.dest, g if bk.keep is None else g.index_select(0, bk.keep))
+        return dx, None
+
+
+class _StreamRows(torch.autograd.Function):
+    """The buckets' (nb * L, F) outputs -> their real rows in stream order (N, F). The backward
+    gathers each block's gradient from the stream, zero at its pads."""
+
+    @staticmethod
+    def forward(ctx, buckets: list[_Bucket], *outs: torch.Tensor) -> torch.Tensor:
+        ctx.buckets = buckets
+        n = sum(len(bk.dest) for bk in buckets)
+        out = outs[0].new_empty((n, *outs[0].shape[1:]))
+        for bk, o in zip(buckets, outs, strict=True):
+            out.index_copy_(0, bk.dest, o if bk.keep is None else o.index_select(0, bk.keep))
+        return out
+
+    @staticmethod
+    def backward(ctx, dout: torch.Tensor):
+        grads = []
+        for bk in ctx.buckets:
+            g = dout.index_select(0, bk.rows)
+            if bk.pads is not None:
+                g.index_fill_(0, bk.pads, 0)
+            grads.append(g)
+        return None, *grads
 
 
 # On a CPU, bf16 attention over sequences up to this long runs as plain matmuls (below): forward +
@@ -623,9 +678,9 @@ def _forward(model: Any, packed: Packed, vision: Any = None) -> torch.Tensor:
     if attention is not None:
         if "attention" not in packed.cache:  # the same for every pass over this micro-batch
             if dry_run.fused():  # a dry run plans fused attention: no buckets, no masks
-                plan = AttentionPlan([], None, packed.cp)
+                plan = AttentionPlan([], packed.cp)
             elif packed.cp is not None:  # every CP rank's keys, masked by place in the sequence
-                plan = AttentionPlan([], None, packed.cp, context_parallel.attention_mask(packed.cp))
+                plan = AttentionPlan([], packed.cp, context_parallel.attention_mask(packed.cp))
             else:
                 plan = AttentionPlan.of(packed.bounds, packed.tokens.device)
             packed.cache["attention"] = plan
