@@ -1,5 +1,6 @@
-"""One rank: a bf16 actor's train steps with the native main-gradient add (``learner/main_grad``)
-against the same actor with upstream's add alone: the same parameters after every step."""
+"""One rank: two train steps of a bf16 actor with the native main-gradient add
+(``learner/main_grad``) and of the same actor with upstream's add alone: the same gradient norm at
+each step and the same parameters after both."""
 
 import torch
 from megatron_rank import finish, init_rank, ppo_setup, rank_argv
@@ -21,7 +22,8 @@ def main() -> None:
 
     def counted(m, g):
         done = native_add(m, g)
-        added.append(tuple(g.shape)) if done else None
+        if done:
+            added.append(tuple(g.shape))
         return done
 
     results = {}
