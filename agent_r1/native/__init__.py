@@ -120,17 +120,8 @@ def call(fn: ctypes._CFuncPtr, *args: Any) -> None:
     for the call), None as a null pointer, a number as itself; torch's thread count goes last."""
     import torch
 
-    fn(
-        *(
-            ctypes.c_void_p(a.data_ptr())
-            if isinstance(a, torch.Tensor)
-            else ctypes.c_void_p(None)
-            if a is None
-            else a
-            for a in args
-        ),
-        torch.get_num_threads(),
-    )
+    tensor = torch.Tensor  # (ctypes passes an int or None to a pointer argument as the pointer)
+    fn(*[a.data_ptr() if isinstance(a, tensor) else a for a in args], torch.get_num_threads())
 
 
 def _cpu_id() -> str:

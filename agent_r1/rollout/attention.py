@@ -31,6 +31,7 @@ class Span:
         self.start, self.end = int(self.lo.min()), int(self.hi.max())
         self._bias: dict[torch.dtype, torch.Tensor] = {}
         self._slots32: torch.Tensor | None = None
+        self._range32: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def bias(self, dtype: torch.dtype) -> torch.Tensor:
         """(N, 1, 1, end - start): 0 where a row attends, -inf elsewhere."""
@@ -42,6 +43,12 @@ class Span:
             )
             self._bias[dtype] = bias.view(len(self.lo), 1, 1, -1)
         return self._bias[dtype]
+
+    def range32(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``lo`` and ``hi`` as int32 (converted once: every layer's call reads them)."""
+        if self._range32 is None:
+            self._range32 = self.lo.to(torch.int32).contiguous(), self.hi.to(torch.int32).contiguous()
+        return self._range32
 
     def slot_ids(self) -> torch.Tensor:
         if self._slots32 is None:
@@ -64,9 +71,22 @@ def attend(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, span: Span, scale:
         q, K, V = q.contiguous(), K.contiguous(), V.contiguous()
     out = torch.empty((N, H, R, D), dtype=q.dtype)
     lse = torch.empty((N, H, R), dtype=torch.float32)
-    lo, hi = span.lo.to(torch.int32), span.hi.to(torch.int32)
     native.call(
-        fn, q, *q.stride()[:3], K, V, *K.stride()[:3], span.slot_ids(), lo, hi, N, H, R, D, scale, out, lse
+        fn,
+        q,
+        *q.stride()[:3],
+        K,
+        V,
+        *K.stride()[:3],
+        span.slot_ids(),
+        *span.range32(),
+        N,
+        H,
+        R,
+        D,
+        scale,
+        out,
+        lse,
     )
     return out, lse
 
