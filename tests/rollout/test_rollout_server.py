@@ -158,57 +158,62 @@ def test_info_health_loads_flush(cluster):
     assert http("POST", s.url + "/release_memory_occupation", {})[0] == 200
 
 
+def generated(url) -> int:
+    return http("GET", url + "/get_server_info")[1]["internal_states"][0]["generated_tokens"]
+
+
+def wait_decoding(url, before: int, timeout: float = 30) -> None:
+    """Until the server has sampled a token past ``before``: a request is decoding (a fixed sleep
+    raced the tiny model, which samples 900 tokens in about 0.3 s)."""
+    end = time.time() + timeout
+    while generated(url) <= before:
+        assert time.time() < end, "no token sampled"
+        time.sleep(0.002)
+
+
 def test_abort_and_pause_over_http(cluster):
     _, (s, _) = cluster
     box = {}
-
-    def long():
-        box["r"] = gen(
-            s.url,
-            {
-                "input_ids": [1, 2, 3],
-                "rid": "slow",
-                "sampling_params": {"max_new_tokens": 900, "ignore_eos": True},
-            },
+    long = {"sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}
+    try:
+        before = generated(s.url)
+        t = threading.Thread(
+            target=lambda: box.update(r=gen(s.url, {"input_ids": [1, 2, 3], "rid": "slow", **long}))
         )
-
-    t = threading.Thread(target=long)
-    t.start()
-    time.sleep(0.3)
-    assert http("POST", s.url + "/abort_request", {"rid": "slow"})[0] == 200
-    t.join(30)
-    st, out = box["r"]
-    assert (
-        st == 200
-        and out["meta_info"]["finish_reason"]["type"] == "abort"
-        and 0 < len(out["output_ids"]) < 900
-    )
-    # in_place pause: a new request waits until continue
-    assert http("POST", s.url + "/pause_generation", {"mode": "in_place"})[1]["status"] == "ok"
-    t = threading.Thread(
-        target=lambda: box.update(p=gen(s.url, {"input_ids": [5], "sampling_params": {"max_new_tokens": 2}}))
-    )
-    t.start()
-    time.sleep(0.5)
-    assert "p" not in box
-    assert http("POST", s.url + "/continue_generation", {})[0] == 200
-    t.join(30)
-    assert box["p"][0] == 200
-    assert http("POST", s.url + "/pause_generation", {"mode": "sideways"})[0] == 400
-    # abort mode: in-flight requests come back aborted
-    t = threading.Thread(
-        target=lambda: box.update(
-            a=gen(
-                s.url, {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}
+        t.start()
+        wait_decoding(s.url, before)
+        assert http("POST", s.url + "/abort_request", {"rid": "slow"})[0] == 200
+        t.join(30)
+        st, out = box["r"]
+        assert (
+            st == 200
+            and out["meta_info"]["finish_reason"]["type"] == "abort"
+            and 0 < len(out["output_ids"]) < 900
+        )
+        # in_place pause: a new request waits until continue
+        assert http("POST", s.url + "/pause_generation", {"mode": "in_place"})[1]["status"] == "ok"
+        t = threading.Thread(
+            target=lambda: box.update(
+                p=gen(s.url, {"input_ids": [5], "sampling_params": {"max_new_tokens": 2}})
             )
         )
-    )
-    t.start()
-    time.sleep(0.3)
-    assert http("POST", s.url + "/pause_generation", {"mode": "abort"})[0] == 200
-    t.join(30)
-    assert box["a"][1]["meta_info"]["finish_reason"]["type"] == "abort"
-    assert http("POST", s.url + "/continue_generation", {})[0] == 200
+        t.start()
+        time.sleep(0.5)
+        assert "p" not in box
+        assert http("POST", s.url + "/continue_generation", {})[0] == 200
+        t.join(30)
+        assert box["p"][0] == 200
+        assert http("POST", s.url + "/pause_generation", {"mode": "sideways"})[0] == 400
+        # abort mode: in-flight requests come back aborted
+        before = generated(s.url)
+        t = threading.Thread(target=lambda: box.update(a=gen(s.url, {"input_ids": [1, 2], **long})))
+        t.start()
+        wait_decoding(s.url, before)
+        assert http("POST", s.url + "/pause_generation", {"mode": "abort"})[0] == 200
+        t.join(30)
+        assert box["a"][1]["meta_info"]["finish_reason"]["type"] == "abort"
+    finally:  # the next tests share this server: never leave it paused
+        assert http("POST", s.url + "/continue_generation", {})[0] == 200
 
 
 def test_router_in_front_of_two_servers(cluster, tmp_path):
