@@ -23,6 +23,11 @@ class UsageError(AgentR1Error):
     exit_code = 2
 
 
+class RoleTimeout(TimeoutError):
+    """Another role of a run (a server, a worker, the coordinator) did not answer in time; the
+    message says which and where to look."""
+
+
 def expected_failure(e: BaseException) -> int | None:
     """The exit code for an expected failure, None for a bug. Besides ``AgentR1Error``: an OS error
     about a path (missing, a directory, no permission) and a connection that failed."""

@@ -105,7 +105,7 @@ def run(a: argparse.Namespace) -> int:
 async def _hf_episodes(a: argparse.Namespace, policy: Any, rows: list, flow: Any) -> list:
     """The transformers reference in this process instead of a server."""
     from agent_r1.agent.episodes import run_episodes
-    from agent_r1.rollout.hf import HFGenerator
+    from agent_r1.engines.hf import HFGenerator
 
     return await run_episodes(
         rows, HFGenerator(policy.model), policy.codec, flow, a.group_size, progress=not a.no_progress,

@@ -78,7 +78,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
-    from agent_r1.rollout.server import serve
+    from agent_r1.engines.embedded.server import serve
     from agent_r1.serving.openai_api import OpenAIRoutes
 
     setup_logging("server")

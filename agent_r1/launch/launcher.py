@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_r1.cpus import usable_cpus
+from agent_r1.engine_spec import engine_spec
 from agent_r1.errors import AgentR1Error, UsageError
 from agent_r1.launch.roles import (
     RoleSpec,
@@ -192,14 +193,15 @@ class LocalLauncher:
             self.rd.control / "launch.json",
             {"launch_id": self.launch, "time": time.time(), "launcher": "local"},
         )
-        if cfg.rollout.engine == "sglang":
+        spec = engine_spec(cfg.rollout.engine)
+        if spec.needs_gpu:
             raise UsageError(
-                "rollout.engine=sglang needs GPU nodes: use `agent-r1 launch` on a Slurm cluster"
+                f"rollout.engine={spec.name} needs GPU nodes: use `agent-r1 launch` on a Slurm cluster"
             )
         for stale in stale_addresses(cfg, self.rd):
             stale.unlink(missing_ok=True)  # addresses of a previous launch
         self.rd.shutdown_flag.unlink(missing_ok=True)
-        if cfg.rollout.engine == "external":
+        if spec.serving == "none":  # servers the run does not start
             for i, url in enumerate(cfg.rollout.urls):
                 atomic_write_json(self.rd.servers / f"external_{i}.json", {"url": url})
         for spec in run_roles(cfg):

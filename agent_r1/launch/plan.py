@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent_r1.engine_spec import engine_spec
 from agent_r1.errors import AgentR1Error
 from agent_r1.train.config import TrainConfig, load_config
 
@@ -361,7 +362,7 @@ class Plan:
 
 
 def rollout_plan(cfg: TrainConfig, hf_config: Any, push_bytes: int) -> RolloutPlan | None:
-    if cfg.rollout.engine != "sglang":
+    if not engine_spec(cfg.rollout.engine).memory_plan:
         return None
     import torch
 

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from agent_r1.cpus import usable_cpus
+from agent_r1.engine_spec import engine_spec
+from agent_r1.errors import RoleTimeout
 from agent_r1.rollout.served import helper_models
 from agent_r1.train.run_dir import RunDir, atomic_write_json, node_address, read_json
-from agent_r1.train.tasks import RoleTimeout
 
 log = logging.getLogger("agent_r1.roles")
 
@@ -139,7 +140,7 @@ class RoleSpec:
 
 
 def _serve_embedded(r: RoleRun, model: str, ready: Path, engine: str) -> int:
-    from agent_r1.rollout.server import serve
+    from agent_r1.engines.embedded.server import serve
 
     cfg, rd = r.cfg, r.rd
     serve(
@@ -159,12 +160,9 @@ def _serve_embedded(r: RoleRun, model: str, ready: Path, engine: str) -> int:
 
 
 def _serve_upstream(r: RoleRun, model: str, ready: Path, engine: str) -> int:
-    """SGLang or vLLM as a child process (its launch flags: ``rollout.<engine>``)."""
-    from agent_r1.rollout.sglang import run_sglang
-    from agent_r1.rollout.vllm import run_vllm
-
+    """An upstream engine's server as a child process (its launch flags: ``rollout.<engine>``)."""
     cfg, rd = r.cfg, r.rd
-    run = {"sglang": run_sglang, "vllm": run_vllm}[engine]
+    run = engine_spec(engine).load("launcher")
     return run(
         model, r.env.address, ready, rd.logs / f"{r.name}.{engine}.log", cfg.model.max_len, cfg.model.dtype,
         getattr(cfg.rollout, engine), cfg.rollout.ready_timeout_s, rd.api_key(),
@@ -172,21 +170,20 @@ def _serve_upstream(r: RoleRun, model: str, ready: Path, engine: str) -> int:
     )  # fmt: skip
 
 
-# rollout.engine -> the body of a policy server; helper models (teacher, judge, summariser) speak
-# SGLang's API, so under engine=vllm they run on the embedded engine
-SERVERS = {"embedded": _serve_embedded, "sglang": _serve_upstream, "vllm": _serve_upstream}
-HELPER_ENGINE = {"vllm": "embedded"}
+# how an engine is served (``EngineSpec.serving``) -> the body of its server role
+SERVING = {"in_process": _serve_embedded, "child_process": _serve_upstream}
 
 
 def _serve_model(r: RoleRun) -> int:
-    """A policy server (``server``) or a helper model's server, on the run's engine."""
+    """A policy server (``server``) or a helper model's server, on the run's engine (helper models
+    speak SGLang's API: an engine that does not serves them on its ``helper_engine``)."""
     cfg, rd = r.cfg, r.rd
     if r.role == "server":
         engine, folder, model = cfg.rollout.engine, rd.servers, cfg.model.path
     else:
-        engine = HELPER_ENGINE.get(cfg.rollout.engine, cfg.rollout.engine)
+        engine = engine_spec(cfg.rollout.engine).helper_engine or cfg.rollout.engine
         folder, model = rd.helper_dir(r.role), helper_models(cfg)[r.role]
-    return SERVERS[engine](r, model, folder / f"{r.name}.json", engine)
+    return SERVING[engine_spec(engine).serving](r, model, folder / f"{r.name}.json", engine)
 
 
 def _router(r: RoleRun) -> int:
@@ -233,7 +230,8 @@ def _worker(r: RoleRun) -> int:
 
 
 def _server_gpus(cfg: Any) -> int:
-    """GPUs per policy server: the upstream engines' tensor-parallel size, else one."""
+    """GPUs per policy server: an upstream engine's tensor-parallel size (``rollout.<engine>.tp``),
+    else one."""
     upstream = getattr(cfg.rollout, cfg.rollout.engine, None)
     return getattr(upstream, "tp", 1)
 
@@ -245,7 +243,8 @@ ROLES: tuple[RoleSpec, ...] = (
     RoleSpec("retriever", lambda c: int(bool(c.retrieval.index and c.retrieval.serve)), _retriever,
              publishes=lambda rd, _: rd.retriever_file, single=True),
     RoleSpec("router", lambda c: int(c.rollout.router), _router, publishes=lambda rd, _: rd.router_file, single=True),
-    RoleSpec("server", lambda c: c.rollout.servers if c.rollout.engine != "external" else 0, _serve_model,
+    RoleSpec("server", lambda c: c.rollout.servers if engine_spec(c.rollout.engine).serving != "none" else 0,
+             _serve_model,
              publishes=lambda rd, _: rd.servers, gpus=_server_gpus),
     RoleSpec("worker", lambda c: c.rollout.workers, _worker),
     RoleSpec("learner", lambda c: c.parallel.learner_ranks, lambda r: _learner(r.cfg, r.rd, r.env),

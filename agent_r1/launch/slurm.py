@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent_r1.engine_spec import ENGINES, engine_spec
 from agent_r1.errors import AgentR1Error
 from agent_r1.launch.roles import run_roles
 from agent_r1.train.config import ConfigError, TrainConfig, load_config
@@ -66,13 +67,18 @@ def layout(cfg: TrainConfig) -> Layout:
     if not c.colocated:
         if c.rollout_nodes < 1:
             raise ConfigError("config cluster.rollout_nodes must be >= 1 (or cluster.colocated=true)")
-        if r.engine in ("sglang", "vllm") and c.gpus_per_node and r.servers % c.rollout_nodes:
+        if (
+            engine_spec(r.engine).serving == "child_process"
+            and c.gpus_per_node
+            and r.servers % c.rollout_nodes
+        ):
             raise ConfigError(
                 f"config rollout.servers={r.servers} must split evenly over cluster.rollout_nodes={c.rollout_nodes}"
             )
-    if r.engine == "external":
+    if engine_spec(r.engine).serving == "none":
+        served = [n for n, e in ENGINES.items() if e.serving != "none"]
         raise ConfigError(
-            "config rollout.engine=external: the servers are not part of the job; use embedded, sglang or vllm"
+            f"config rollout.engine={r.engine}: the servers are not part of the job; use {', '.join(served)}"
         )
     return Layout(c.learner_nodes, per_node, c.rollout_nodes, r.servers, r.workers, c.colocated)
 

@@ -86,7 +86,7 @@ class Actor:
         from megatron_bridge import build_gpt_chunks, language_config, load_hf_weights
 
         self.hf_dir, self.bridge, self.optim_cfg = Path(hf_dir), bridge, optim
-        # the T of the rollout's logprobs (rollout.sampling.logprob_temperature; packed_logprobs
+        # the T of the rollout's logprobs (rollout.protocol.logprob_temperature; packed_logprobs
         # checks it): SGLang and the embedded engine return them under softmax(logits / T)
         self.temperature = temperature
         self.device = learner_device()

@@ -15,6 +15,14 @@ from agent_r1.records.schema import FinishReason  # a step record's field; engin
 
 __all__ = ["Completion", "FinishReason", "GenerateFn", "SamplingParams"]
 
+GREEDY_BELOW = 1e-5  # temperatures under this sample greedily (dividing logits by them overflows)
+
+
+def logprob_temperature(temperature: float) -> float:
+    """The T of the logprobs a request at ``temperature`` gets back: log_softmax(logits / T), and
+    untempered (T = 1) where it samples greedily, as SGLang. The learner recomputes them alike."""
+    return temperature if temperature >= GREEDY_BELOW else 1.0
+
 
 @dataclass
 class SamplingParams:

@@ -1,7 +1,8 @@
 """What differs between the engines a ``RolloutClient`` talks to, in one place: the generate route
 and its body, how the answer becomes a ``Completion``, the health route, where the weight
-version is read, how a request is aborted. ``SERVER_APIS`` by name; ``server_api(engine)`` maps a
-run's ``rollout.engine`` to one (the embedded engine speaks SGLang's API).
+version is read, how a request is aborted. ``SGLangAPI`` is the project's own wire (the embedded
+engine speaks it); an engine with another API brings its adapter (``engine_spec``:
+``EngineSpec.api``), and ``server_api(engine)`` finds a run's.
 
 Both give the same ``Completion`` for the same request: the exact token ids sampled (a stop or EOS
 token included, as SGLang returns it), one logprob per token under softmax(logits / T), finish
@@ -10,9 +11,11 @@ reason ``stop`` / ``length`` / ``abort``, and the weight version that generated 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from agent_r1.engine_spec import engine_spec
 from agent_r1.rollout.protocol import Completion, FinishReason, SamplingParams
 
 REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
@@ -85,63 +88,11 @@ class SGLangAPI(ServerAPI):
         return Request("/abort_request", {"rid": rid or "", "abort_all": rid is None})
 
 
-class VLLMAPI(ServerAPI):
-    """vLLM's OpenAI ``/v1/completions`` with token ids in (``prompt``: a list of ints) and out
-    (``return_token_ids``), the sampled tokens' logprobs (``logprobs: 0``; the server runs with
-    ``--logprobs-mode processed_logprobs``, so they are taken after temperature as SGLang's are),
-    special tokens kept; the weight version from the RL routes' ``/weight_info``."""
-
-    name = "vllm"
-    health_path = "/health"
-    version_path = "/weight_info"
-    rid_field = "request_id"
-    version_in_answer = False  # read from /weight_info once the answer is in
-
-    def generate(self, token_ids, sampling, images) -> Request:
-        if images:
-            raise ValueError(
-                "rollout.engine=vllm serves text prompts only (images need engine=embedded or sglang)"
-            )
-        body: dict[str, Any] = {
-            "prompt": list(token_ids),
-            "max_tokens": sampling.max_new_tokens,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "top_k": sampling.top_k,
-            "stop_token_ids": list(sampling.stop_token_ids),
-            "logprobs": 0,
-            "return_token_ids": True,
-            "skip_special_tokens": False,
-        }
-        if sampling.seed is not None:
-            body["seed"] = sampling.seed
-        return Request("/v1/completions", body)
-
-    def completion(self, out: dict[str, Any]) -> Completion:
-        choice = out["choices"][0]
-        ids = list(choice.get("token_ids") or [])
-        lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
-        if len(lps) != len(ids):
-            raise ValueError(f"vLLM answered {len(ids)} token ids but {len(lps)} logprobs")
-        reason = REASONS.get(choice.get("finish_reason") or "abort", FinishReason.ERROR)
-        return Completion(ids, [float(x) for x in lps], reason)
-
-    def version(self, info: Any) -> int:
-        if isinstance(info, dict) and info.get("weight_version") in (None, "default"):
-            return 0  # no push yet ("default" in 0.32): the model on disk, version 0
-        return super().version(info)
-
-    def abort(self, rid: str | None) -> Request:
-        return Request("/abort_requests", {"request_ids": [rid]} if rid else {})
-
-
-SERVER_APIS: dict[str, ServerAPI] = {"sglang": SGLangAPI(), "vllm": VLLMAPI()}
-ENGINE_APIS = {"embedded": "sglang", "sglang": "sglang", "external": "sglang", "vllm": "vllm"}
-
-
+@functools.cache
 def server_api(engine: str = "sglang") -> ServerAPI:
-    """The API of a ``rollout.engine`` (or of an API name)."""
-    name = ENGINE_APIS.get(engine, engine)
-    if name not in SERVER_APIS:
-        raise ValueError(f"no server API for engine {engine!r}: {sorted(ENGINE_APIS)}")
-    return SERVER_APIS[name]
+    """The API adapter of a ``rollout.engine`` (``engine_spec``); the embedded engine, SGLang and
+    external servers speak SGLang's."""
+    try:
+        return engine_spec(engine).load("api")()
+    except ValueError as e:
+        raise ValueError(f"no server API: {e}") from None

@@ -19,11 +19,12 @@ from omegaconf.errors import OmegaConfBaseException
 from agent_r1.agent.episode import EpisodeSettings
 from agent_r1.algos.advantages import AdvantageConfig
 from agent_r1.algos.losses import LossConfig
+from agent_r1.engine_spec import ENGINES
+from agent_r1.engines.sglang import SGLangConfig
+from agent_r1.engines.vllm import VLLMConfig
 from agent_r1.errors import UsageError
 from agent_r1.learner.optim import OptimConfig
 from agent_r1.rollout.served import RESERVED
-from agent_r1.rollout.sglang import SGLangConfig
-from agent_r1.rollout.vllm import VLLMConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 # keys that moved to another slice: a config naming the old key is told the new one
@@ -193,7 +194,7 @@ class AlgorithmConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = "embedded"  # embedded (agent-r1 serve) | sglang | vllm | external (urls)
+    engine: str = "embedded"  # an entry of engine_spec.ENGINES: embedded | sglang | vllm | external (urls)
     servers: int = 1  # rollout servers started by the launcher
     workers: int = 1  # rollout worker processes (agent flows, environments, tools)
     urls: list[str] = field(default_factory=list)  # engine=external: running servers
@@ -219,24 +220,24 @@ class RolloutConfig:
     env_server: bool = False
 
     def __post_init__(self) -> None:
+        _check(self.engine in ENGINES, "rollout.engine", f"one of {', '.join(ENGINES)}, got {self.engine!r}")
+        spec = ENGINES[self.engine]
         _check(
-            self.engine in ("embedded", "sglang", "vllm", "external"),
-            "rollout.engine",
-            f"embedded, sglang, vllm or external, got {self.engine!r}",
-        )
-        _check(
-            self.engine != "vllm" or not self.router,
+            spec.router or not self.router,
             "rollout.router",
-            "the sglang-router routes SGLang's API; with engine=vllm the workers spread requests themselves",
+            f"the sglang-router routes SGLang's API; with engine={self.engine} the workers spread requests "
+            "themselves",
         )
         _check(
-            self.engine != "vllm" or self.weight_sync == "distributed",
+            spec.disk_sync or self.weight_sync == "distributed",
             "rollout.weight_sync",
-            "engine=vllm pushes through vLLM's weight-transfer API (a server without those routes reloads "
-            "from the run's exported weights by itself); leave weight_sync=distributed",
+            f"engine={self.engine} takes weights only through its weight-transfer API (a server without "
+            "those routes reloads from the run's exported weights by itself); leave weight_sync=distributed",
         )
         _check(
-            self.engine != "external" or bool(self.urls), "rollout.urls", "engine=external needs server urls"
+            spec.serving != "none" or bool(self.urls),
+            "rollout.urls",
+            f"engine={self.engine} needs server urls (the run starts none)",
         )
         _check(self.servers >= 1 and self.workers >= 1, "rollout.servers/workers", "must be >= 1")
         _check(self.group_size >= 1, "rollout.group_size", f"must be >= 1, got {self.group_size}")

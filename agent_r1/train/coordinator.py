@@ -1,5 +1,5 @@
 """The coordinator (learner rank 0): data cursor, rollout tasks, the ledger; its ``publisher``
-(``WeightPublisher``) keeps the servers on the current weights.
+(``weights.sender.WeightSender``) keeps the servers on the current weights.
 
 Everything it tells other roles goes through the run directory (tasks, acknowledgements, server
 addresses) or over HTTP to the rollout servers, so the same code drives local processes and
@@ -17,21 +17,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from agent_r1.errors import RoleTimeout
 from agent_r1.logging import Progress
 from agent_r1.records.reader import RecordStore
 from agent_r1.records.shard import finalize_iteration, iteration_dir, iteration_dirs
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.metrics import STATS_COLUMNS, table_stats
-from agent_r1.train.publisher import WeightPublisher
-from agent_r1.train.run_dir import RunDir, read_json
-from agent_r1.train.tasks import (
-    RoleTimeout,
-    RolloutTask,
-    StopRequested,
-    forget_tasks_after,
-    task_name,
-    write_task,
-)
+from agent_r1.train.run_dir import RunDir, node_address, read_json
+from agent_r1.train.tasks import RolloutTask, StopRequested, forget_tasks_after, task_name, write_task
+from agent_r1.weights.sender import WeightSender
 
 log = logging.getLogger("agent_r1.coordinator")
 
@@ -91,7 +85,10 @@ class Coordinator:
     def __init__(self, cfg: TrainConfig, rd: RunDir, alive: Any = None, should_stop: Any = None):
         self.cfg, self.rd, self.alive = cfg, rd, alive
         self.should_stop = should_stop or (lambda: False)
-        self.publisher = WeightPublisher(cfg, rd, alive)  # the weights the servers have
+        # the weights the servers have
+        self.publisher = WeightSender(
+            cfg.rollout, rd.servers, rd.weights, node_address(), rd.api_key(), alive
+        )
         self.next_resync = 0.0
 
     # ---- rollout tasks ---------------------------------------------------------------------------

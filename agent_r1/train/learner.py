@@ -30,7 +30,7 @@ from agent_r1.learner.device import all_reduce_scalar, collective_device, keep_f
 from agent_r1.learner.optim import pad_multiple
 from agent_r1.logging import Progress
 from agent_r1.records.reader import RecordStore
-from agent_r1.rollout.sampling import logprob_temperature
+from agent_r1.rollout.protocol import logprob_temperature
 from agent_r1.train.config import TrainConfig, bridge_config
 from agent_r1.vision.qwen2_vl import Geometry
 

@@ -21,10 +21,6 @@ class StopRequested(Exception):
     """A stop was requested (signal or STOP file) while waiting on another role."""
 
 
-class RoleTimeout(TimeoutError):
-    """Another role did not answer in time; the message says which and where to look."""
-
-
 @dataclass
 class RolloutTask:
     name: str  # train_000012 | eval_000010

@@ -14,11 +14,12 @@ from typing import Any
 
 import pyarrow as pa
 
+from agent_r1.errors import RoleTimeout
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.metrics import episode_stats
 from agent_r1.train.run_dir import RunDir
 from agent_r1.train.services import run_services
-from agent_r1.train.tasks import RoleTimeout, RolloutTask, acknowledge, pending_tasks
+from agent_r1.train.tasks import RolloutTask, acknowledge, pending_tasks
 
 log = logging.getLogger("agent_r1.worker")
 

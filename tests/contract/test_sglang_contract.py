@@ -20,10 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from agent_r1.engines.sglang import sglang_command
 from agent_r1.rollout.client import RolloutClient
 from agent_r1.rollout.protocol import SamplingParams
-from agent_r1.rollout.sglang import sglang_command
-from agent_r1.rollout.weight_sync import (
+from agent_r1.train.config import load_config
+from agent_r1.weights.buckets import buckets, flatten
+from agent_r1.weights.sglang import (
     BEGIN_BODY,
     CONTINUE_BODY,
     END_BODY,
@@ -31,13 +33,9 @@ from agent_r1.rollout.weight_sync import (
     ServerProtocol,
     WeightUpdateGroup,
     bucket_body,
-    buckets,
-    flatten,
-    free_port,
-    join_update_group,
-    leave_update_group,
 )
-from agent_r1.train.config import load_config
+from agent_r1.weights.transport import free_port
+from agent_r1.weights.update_group import join_update_group, leave_update_group
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASES = ["0.5.6", "0.5.23"]  # the ends of weight_sync's window

@@ -23,20 +23,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from agent_r1.engines.vllm import VLLMConfig, check_cpu_model, vllm_command, vllm_env
 from agent_r1.rollout.client import RolloutClient, server_versions
 from agent_r1.rollout.protocol import FinishReason, SamplingParams
 from agent_r1.rollout.server_api import server_api
-from agent_r1.rollout.vllm import (
-    GlooTransport,
-    NCCLTransport,
-    VLLMConfig,
-    VLLMWeightPush,
-    check_cpu_model,
-    update_info,
-    vllm_command,
-    vllm_env,
-)
-from agent_r1.rollout.weight_sync import WeightSyncError, free_port
+from agent_r1.weights.transport import WeightSyncError, free_port
+from agent_r1.weights.vllm import GlooTransport, NCCLTransport, VLLMWeightPush, update_info
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"

@@ -108,14 +108,32 @@ ALLOWED = {
     "jsonfiles": set(),
     "checkpoint_names": set(),  # a model's tensors under its checkpoint's names (stacked experts)
     "service": {"jsonfiles"},  # the HTTP service kit and the addresses services publish
-    "rollout": {"records", "process", "vision", "service", "checkpoint_names", "cpus", "native"},
+    # every engine's entry (config, serving, API adapter, weight transport): data, read by any layer
+    "engine_spec": set(),
+    # the client side of generation: the protocol, the client, SGLang's wire, the router
+    "rollout": {"records", "process", "service", "engine_spec"},
+    # the fifth stage: learner weights -> servers (sender, transports, the receiving routes)
+    "weights": {"rollout", "service", "engine_spec"},
+    # the engines behind the protocol: the embedded engine's package, the upstream servers
+    "engines": {
+        "rollout",
+        "weights",
+        "records",
+        "process",
+        "vision",
+        "service",
+        "checkpoint_names",
+        "cpus",
+        "native",
+        "engine_spec",
+    },
     "retrieval": {"jsonfiles", "service"},
     "tools": {"registry", "retrieval", "vision", "forkserver"},
     "rewards": {"registry"},
     "data": {"records", "vision"},
     "agent": {"rollout", "records", "data", "tools", "rewards", "registry", "vision"},
     "learner": {"algos", "records", "vision", "checkpoint_names", "cpus", "native"},
-    "serving": {"agent", "rollout", "vision", "service"},
+    "serving": {"agent", "rollout", "engines", "vision", "service"},
     # agent programs through an OpenAI-compatible endpoint: an agent flow built on the serving routes
     "gateway": {"agent", "serving", "records", "data", "vision", "service", "forkserver"},
 }
@@ -144,5 +162,19 @@ def test_training_never_imports_launching_or_the_commands():
         for m, targets in import_graph().items()
         for t in targets
         if m.count(".") and t.count(".") and t.split(".")[1] in below.get(m.split(".")[1], ())
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_five_stages_keep_to_their_rooms():
+    """The agent layer generates through the rollout protocol only: it never imports an engine or
+    the weight push; the learner never imports the rollout layer, an engine or the weight push
+    (weights leave it as tensors, the trainer hands them to ``weights/``)."""
+    forbidden = {"agent": {"engines", "weights"}, "learner": {"rollout", "engines", "weights"}}
+    bad = [
+        f"{m} -> {t}"
+        for m, targets in import_graph().items()
+        for t in targets
+        if m.count(".") and t.count(".") and t.split(".")[1] in forbidden.get(m.split(".")[1], ())
     ]
     assert not bad, "\n".join(bad)

@@ -10,12 +10,13 @@ import ast
 import re
 from pathlib import Path
 
-from agent_r1.rollout.server import UPSTREAM_ENDPOINTS
+from agent_r1.engines.embedded.server import UPSTREAM_ENDPOINTS
 
 ROOT = Path(__file__).resolve().parents[2] / "agent_r1"
 CALLERS = [
     ROOT / "rollout" / "client.py",
-    ROOT / "rollout" / "weight_sync.py",
+    # the weight push to SGLang's API (vLLM's transport, weights/vllm.py, speaks vLLM's routes)
+    *(ROOT / "weights" / f for f in ("sglang.py", "disk.py", "transport.py", "sender.py")),
     *sorted((ROOT / "train").glob("*.py")),
 ]
 ROUTER_ENDPOINTS = {"/workers", "/generate"}

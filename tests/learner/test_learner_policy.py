@@ -51,7 +51,7 @@ def test_vocab_parallel_tempered_logprobs_and_grads_equal_full_softmax(policy_re
 @pytest.mark.parametrize("temp", [0.0, -1.0, float("inf"), float("nan")])
 def test_packed_logprobs_refuses_a_temperature_that_is_not_positive_and_finite(temp):
     """A greedy rollout's logprobs are untempered: the learner passes T = 1 for it
-    (rollout.sampling.logprob_temperature), never 0."""
+    (rollout.protocol.logprob_temperature), never 0."""
     import torch
 
     from agent_r1.learner.policy import packed_logprobs

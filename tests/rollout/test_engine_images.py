@@ -11,8 +11,8 @@ from rollout_servers import ServerProc, http
 from vision import image_bytes
 
 from agent_r1.agent.chat import ChatCodec
+from agent_r1.engines.embedded.engine import Engine
 from agent_r1.rollout.client import RolloutClient
-from agent_r1.rollout.engine import Engine
 from agent_r1.rollout.protocol import SamplingParams
 from agent_r1.service import BadRequest
 

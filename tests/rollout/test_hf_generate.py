@@ -3,7 +3,7 @@ import asyncio
 import torch
 from transformers import AutoModelForCausalLM
 
-from agent_r1.rollout.hf import HFGenerator
+from agent_r1.engines.hf import HFGenerator
 from agent_r1.rollout.protocol import FinishReason, SamplingParams
 
 

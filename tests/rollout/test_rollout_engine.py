@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
-from agent_r1.rollout.engine import Engine
+from agent_r1.engines.embedded.engine import Engine
 from agent_r1.service import BadRequest
 
 
@@ -129,7 +129,7 @@ def test_group_shares_the_prompt_prefill(engine, codec):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prepacked_linear_equals_f_linear(dtype):
-    from agent_r1.rollout.slot_model import Linear, _onednn
+    from agent_r1.engines.embedded.slot_model import Linear, _onednn
 
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(1024, 256, generator=g).to(dtype), torch.randn(1024, generator=g).to(dtype)
@@ -150,7 +150,7 @@ def test_prepacked_linear_equals_f_linear(dtype):
 def test_cascade_attention_equals_per_slot_attention(tiny_model_dir):
     """Groups of slots with equal KV prefixes of different lengths (leaders anywhere, a singleton):
     decoding with the shared-prefix plan gives the logits of plain per-slot attention."""
-    from agent_r1.rollout.slot_model import SlotModel
+    from agent_r1.engines.embedded.slot_model import SlotModel
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     sm = SlotModel(model, slots=10, max_len=96)
@@ -182,8 +182,8 @@ def test_native_decode_equals_the_pytorch_path(tiny_model_dir, cascade):
     norms, rotation and cache writes in one pass); its logits are those of the PyTorch path
     (float32 tightly, bf16 within its rounding), and bf16 stays within bf16 rounding of float32
     over the same cache. The tiny model is a Qwen3: the q/k norms are exercised too."""
-    from agent_r1.rollout import attention
-    from agent_r1.rollout.slot_model import SlotModel
+    from agent_r1.engines.embedded import attention
+    from agent_r1.engines.embedded.slot_model import SlotModel
 
     assert attention._native(torch.float32) and attention._native(torch.bfloat16)  # g++ is installed
     g = torch.Generator().manual_seed(1)
@@ -216,7 +216,7 @@ def test_native_prefill_equals_the_pytorch_path(tiny_model_dir):
     0..pos; the glue between the matmuls): the last tokens' logits and the whole KV cache are
     those of the PyTorch path (masked SDPA per request), for requests starting at 0 and ones
     continuing a cached prefix, in float32 tightly and in bf16 within its rounding."""
-    from agent_r1.rollout.slot_model import SlotModel
+    from agent_r1.engines.embedded.slot_model import SlotModel
 
     g = torch.Generator().manual_seed(4)
     items = [(0, 9, 0), (2, 5, 0), (1, 6, 7), (3, 1, 20)]  # (slot, tokens, start)
@@ -244,7 +244,7 @@ def test_the_glue_kernels_round_as_hf_does(dtype):
     in float32 before the rounding), in float32 within a few ulps."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    from agent_r1.rollout.slot_model import _Glue
+    from agent_r1.engines.embedded.slot_model import _Glue
 
     g = torch.Generator().manual_seed(5)
     glue = _Glue.get(dtype, True)
@@ -275,7 +275,7 @@ def test_attend_against_a_float64_softmax_over_cache_slots(dtype, D, R):
     reading other rows' slots, a strided query view), and an empty range: output 0, log-sum-exp
     -inf. The kernel's paths: any head size (D 8), 64 and 128 with few queries per row, and many
     (R 9: a shared prompt's group)."""
-    from agent_r1.rollout.attention import Span, attend
+    from agent_r1.engines.embedded.attention import Span, attend
 
     g = torch.Generator().manual_seed(3)
     K, V = (torch.randn(6, 2, 40, D, generator=g).to(dtype) for _ in range(2))  # (slots, kv, max_len, D)
@@ -387,8 +387,8 @@ def test_weight_update_changes_outputs_and_version(tiny_model_dir, codec):
 def test_moe_experts_update_by_their_checkpoint_names(tmp_path):
     """A push names each expert's projections as the checkpoint does (HF keeps them stacked):
     each lands in its expert's slice of the stacked tensor, and the next answer changes."""
+    from agent_r1.engines.embedded.engine import checkpoint_tensors
     from agent_r1.models.tiny import build_tiny_model
-    from agent_r1.rollout.engine import checkpoint_tensors
     from recipes import load_recipe
 
     d = build_tiny_model(tmp_path / "moe", load_recipe("arithmetic_tool").corpus(num=100), arch="qwen3_moe", vocab_size=400)  # fmt: skip
@@ -498,7 +498,7 @@ def test_a_cpu_engine_reuses_freed_host_blocks(tiny_model_dir):
     at the next step)."""
     code = f"""
 import json, resource, torch
-from agent_r1.rollout.engine import Engine
+from agent_r1.engines.embedded.engine import Engine
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 def step():
@@ -522,7 +522,7 @@ def test_the_kv_cache_is_zeroed_aligned_and_writable_memory():
     import gc
     import mmap
 
-    from agent_r1.rollout.slot_model import cache_zeros
+    from agent_r1.engines.embedded.slot_model import cache_zeros
 
     shape = (2, 3, 2, 512, 64)  # 786,432 values: 1.5 MiB in bf16 (torch.zeros), 3 MiB in float32 (mapped)
     for dtype in (torch.bfloat16, torch.float32):

@@ -17,8 +17,10 @@ from agent_r1.agent.episodes import run_episodes
 from agent_r1.agent.flow import AGENTS, FlowConfig
 from agent_r1.rollout.client import RequestRejected, RolloutClient, RolloutError
 from agent_r1.rollout.protocol import FinishReason, SamplingParams
-from agent_r1.rollout.weight_sync import WeightSyncError, WeightUpdateGroup, push_weights_from_disk
 from agent_r1.service import published_urls
+from agent_r1.weights.disk import push_weights_from_disk
+from agent_r1.weights.sglang import WeightUpdateGroup
+from agent_r1.weights.transport import WeightSyncError
 
 
 @pytest.fixture(scope="module")
@@ -427,7 +429,7 @@ def test_weight_update_through_shared_memory_ipc(cluster, tiny_model_dir, tmp_pa
     import torch.multiprocessing as mp
     from safetensors.torch import load_file
 
-    from agent_r1.rollout.weight_sync import push_weights_ipc
+    from agent_r1.weights.sglang import push_weights_ipc
 
     _, (plain, _) = cluster
     original = load_file(str(tiny_model_dir / "model.safetensors"))

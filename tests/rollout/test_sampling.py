@@ -6,7 +6,8 @@ import math
 import numpy as np
 import torch
 
-from agent_r1.rollout.sampling import Sampling, logprob_temperature, sample_batch
+from agent_r1.engines.embedded.sampling import Sampling, sample_batch
+from agent_r1.rollout.protocol import logprob_temperature
 
 # one row: probabilities 0.4, 0.3, 0.2, 0.06, 0.04 at T = 1
 P = [0.4, 0.3, 0.2, 0.06, 0.04]
@@ -99,7 +100,7 @@ def test_the_native_sampler_draws_what_the_torch_path_draws():
     distributions; a top_k row sends the batch there) with the same logprobs, from float32 and
     from bf16 logits read in place (a vocabulary slice of wider rows), greedy rows included; and
     its own draws follow the distribution."""
-    from agent_r1.rollout import sampling
+    from agent_r1.engines.embedded import sampling
 
     g = torch.Generator().manual_seed(5)
     wide = torch.randn(40, 300, generator=g) * 3

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from rollout_servers import ServerProc, http
 
-from agent_r1.rollout.engine import Engine
+from agent_r1.engines.embedded.engine import Engine
 from agent_r1.service import dumps, http_request
 
 POISON = 77  # a token id the sabotaged engine below cannot process

@@ -2,7 +2,7 @@
 
 import pytest
 
-from agent_r1.rollout.sglang import SGLangConfig, sglang_command
+from agent_r1.engines.sglang import SGLangConfig, sglang_command
 from agent_r1.train.config import ConfigError, load_config
 
 

@@ -11,14 +11,9 @@ import pytest
 import torch
 from helpers.rollout_servers import ServerProc, http
 
-from agent_r1.rollout.weight_sync import (
-    ServerProtocol,
-    WeightSyncError,
-    WeightUpdateGroup,
-    buckets,
-    check_server_info,
-    release,
-)
+from agent_r1.weights.buckets import buckets
+from agent_r1.weights.sglang import ServerProtocol, WeightUpdateGroup, check_server_info, release
+from agent_r1.weights.transport import WeightSyncError
 
 
 def test_rank_offsets_count_every_tp_rank_of_every_server():

@@ -36,7 +36,7 @@ def child(model: str, requests: int, threads: int, adapt: bool, dtype: str) -> N
     sys.path.insert(0, str(HERE))
     from rollout import engine_run
 
-    from agent_r1.rollout.engine import Engine
+    from agent_r1.engines.embedded.engine import Engine
 
     torch.set_num_threads(threads)
     engine = Engine(model, dtype=dtype, max_running=128, max_len=512, threads=threads, adapt_threads=adapt)

@@ -14,7 +14,7 @@ Both engines run in one precision: ``--dtype auto`` (the default) is ``agent-r1 
 default on this CPU -- bfloat16 where it has bf16 units (AVX512_BF16, AMX), else float32.
 tok/s counts the requested tokens. Greedy agreement with HF ``generate`` in the same precision (4 chat
 prompts x 48 tokens) is reported beside the speed for both engines. vLLM runs as ``rollout=vllm`` starts it on
-a CPU (``agent_r1.rollout.vllm.vllm_command``: prefix caching, whole-prompt prefill, compiled graphs).
+a CPU (``agent_r1.engines.vllm.vllm_command``: prefix caching, whole-prompt prefill, compiled graphs).
 
     python tools/bench/engines.py --model artifacts/smollm2-135m-instruct [--rounds 3] [--threads 2]
                                   [--dtype auto|float32|bfloat16]
@@ -43,8 +43,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from agent_r1.cpus import bf16_units, serving_dtype  # noqa: E402
-from agent_r1.rollout.upstream import free_port  # noqa: E402
-from agent_r1.rollout.vllm import VLLMConfig, vllm_command, vllm_env, vllm_python  # noqa: E402
+from agent_r1.engines.upstream import free_port  # noqa: E402
+from agent_r1.engines.vllm import VLLMConfig, vllm_command, vllm_env, vllm_python  # noqa: E402
 
 
 class Server:

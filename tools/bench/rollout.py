@@ -65,7 +65,7 @@ def engine_run(engine, prompts: list[list[int]], max_news: list[int], n: int) ->
 def bench_model(path: str, threads: int, agentic: bool, lines: list[str]) -> None:
     from transformers import AutoModelForCausalLM
 
-    from agent_r1.rollout.engine import Engine
+    from agent_r1.engines.embedded.engine import Engine
 
     name = path.rstrip("/").split("/")[-1]
     rng = np.random.default_rng(0)

@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${1:-.venv/bin/python}
 ROOT=.cache/sglang-contract
-# the oldest and the newest release of the supported window (agent_r1/rollout/weight_sync.py)
+# the oldest and the newest release of the supported window (agent_r1/weights/sglang.py)
 RELEASES=(0.5.6 0.5.23)
 DEPS=(pybase64==1.5.1 msgspec==0.23.0 pyzmq==27.3.0 ipython==9.18.1 traitlets==5.16.1 dill==0.4.1
       sentencepiece==0.2.3 compressed-tensors==0.20.1 loguru==0.7.3 gguf==0.19.0

@@ -343,7 +343,7 @@ def fp8_update(c: Ctx) -> dict:
 def engine_generate(c: Ctx) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from agent_r1.rollout.engine import Engine
+    from agent_r1.engines.embedded.engine import Engine
 
     n, new = (8, 16) if c.a.cpu else (64, 128)
     eng = Engine(c.model_dir, dtype=c.dtype, device=str(c.device), max_running=n)
@@ -460,7 +460,7 @@ def _pushed_then_disk(
 
 @check
 def weight_push_ipc(c: Ctx) -> dict:
-    from agent_r1.rollout.weight_sync import push_weights_ipc
+    from agent_r1.weights.sglang import push_weights_ipc
 
     server, url = _serve(c, str(c.device), "--weight-ipc")
     try:
@@ -493,7 +493,8 @@ def weight_push_group(c: Ctx) -> dict:
     the group is gloo (host copies): the line says which ran."""
     import asyncio
 
-    from agent_r1.rollout.weight_sync import WeightUpdateGroup, group_backend
+    from agent_r1.weights.sglang import WeightUpdateGroup
+    from agent_r1.weights.transport import group_backend
 
     two = c.device.type == "cuda" and torch.cuda.device_count() >= 2
     backend = group_backend(two)
@@ -540,12 +541,12 @@ def vision_language(c: Ctx) -> dict:
     from transformers import AutoModelForImageTextToText
 
     from agent_r1.agent.chat import ChatCodec
+    from agent_r1.engines.embedded.engine import Engine
     from agent_r1.learner.actor import Actor
     from agent_r1.learner.batch import LearnerBatch
     from agent_r1.learner.optim import OptimConfig
     from agent_r1.models.tiny import build_tiny_model
     from agent_r1.records.schema import StepRecord, records_to_table
-    from agent_r1.rollout.engine import Engine
     from agent_r1.vision.images import load_image
     from agent_r1.vision.qwen2_vl import Geometry, image_processor, pixel_values
     from megatron_bridge import BridgeConfig
@@ -594,12 +595,12 @@ def moe_update(c: Ctx) -> dict:
     then one PPO optimizer step of the learner (finite gradient norm, the routers' token shares)."""
     from transformers import AutoModelForCausalLM
 
+    from agent_r1.engines.embedded.engine import Engine
     from agent_r1.learner.actor import Actor, PolicyTargets
     from agent_r1.learner.batch import LearnerBatch
     from agent_r1.learner.optim import OptimConfig
     from agent_r1.models.tiny import build_tiny_model
     from agent_r1.records.schema import StepRecord, records_to_table
-    from agent_r1.rollout.engine import Engine
     from megatron_bridge import BridgeConfig
     from recipes import load_recipe
 

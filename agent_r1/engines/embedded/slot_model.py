@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from agent_r1 import native
-from agent_r1.rollout.attention import Span, attend
+from agent_r1.engines.embedded.attention import Span, attend
 from agent_r1.vision.qwen2_vl import is_vision_config, mrope_sections
 
 SUPPORTED = (

@@ -1,5 +1,6 @@
-"""``WeightPublisher``: the whole weight push policy, sender side (the receiver is the rollout
-server's ``WeightReceiver``, the transport ``rollout/weight_sync.py``).
+"""``WeightSender``: the whole weight push policy, sender side (the receiving end of the embedded
+engine is ``receiver.py``; the transports are ``sglang.py``, ``vllm.py`` and ``disk.py``, the
+engine's entry in ``engine_spec`` says which).
 
 Which servers get the weights (the published ones that answer), the update group (formed once,
 re-formed when its members change), a failed push retried once with the servers still alive, a
@@ -13,48 +14,51 @@ import asyncio
 import logging
 import shutil
 import time
+from pathlib import Path
 from typing import Any
 
+from agent_r1.engine_spec import engine_spec
+from agent_r1.errors import RoleTimeout
 from agent_r1.rollout.client import probe, server_versions
-from agent_r1.rollout.server_api import server_api
-from agent_r1.rollout.vllm import VLLMWeightPush
-from agent_r1.rollout.weight_sync import (
-    WeightSyncError,
-    WeightUpdateGroup,
-    group_backend,
-    push_weights_from_disk,
-)
 from agent_r1.service import published_urls
-from agent_r1.train.config import TrainConfig
-from agent_r1.train.run_dir import RunDir, node_address
-from agent_r1.train.tasks import RoleTimeout
+from agent_r1.weights.disk import push_weights_from_disk
+from agent_r1.weights.transport import PushedServers, WeightSyncError, group_backend
 
 log = logging.getLogger("agent_r1.publisher")
 
 
-# the servers' API -> the trainer's end of their distributed weight push
-PUSHES = {"sglang": WeightUpdateGroup, "vllm": VLLMWeightPush}
-
-
-class WeightPublisher:
+class WeightSender:
     RESYNC_EVERY_S = 2.0  # how often a waiting coordinator looks for servers that lack the weights
 
-    def __init__(self, cfg: TrainConfig, rd: RunDir, alive: Any = None):
-        self.cfg, self.rd, self.alive = cfg, rd, alive
+    def __init__(
+        self,
+        rollout: Any,
+        servers_dir: Path,
+        weights_dir: Path,
+        address: str,
+        api_key: str | None = None,
+        alive: Any = None,
+    ):
+        """``rollout``: the run's rollout slice (``engine``, ``weight_sync``, ``bucket_mb``,
+        ``ready_timeout_s``); ``servers_dir``: where the servers publish their addresses;
+        ``weights_dir``: the disk pushes' ``vN`` folders; ``address``: this node's, where the
+        servers join the update group; ``alive()``: called while waiting for servers."""
+        self.rollout, self.servers_dir, self.weights_dir = rollout, Path(servers_dir), Path(weights_dir)
+        self.address, self.api_key, self.alive = address, api_key, alive
+        self.api = rollout.engine  # the servers' API is the engine's (``engine_spec``)
+        self.transport: type[PushedServers] = engine_spec(rollout.engine).load("transport")
         self.loop = asyncio.new_event_loop()
-        self.api_key = rd.api_key()
-        self.group = None  # WeightUpdateGroup
+        self.group: PushedServers | None = None
         self.group_servers: list[str] = []
         # the weights the servers must have: a restarted or new server is brought to them
         self.pushed: tuple[int, dict[str, Any]] | None = None
         self.backend = "gloo"  # of the weight-update group; NCCL once weights are on a GPU
-        self.api = server_api(cfg.rollout.engine).name
         self.last_push: dict[str, float] = {}
 
     def resync(self, min_version: int) -> int:
         """Push the current weights to every live server that lacks them (a restarted server starts
         from the model on disk); returns how many live servers have at least ``min_version``."""
-        urls = published_urls(self.rd.servers)
+        urls = published_urls(self.servers_dir)
         versions = self.loop.run_until_complete(server_versions(urls, self.api_key, self.api))
         if self.pushed is not None:
             version, named = self.pushed
@@ -71,7 +75,7 @@ class WeightPublisher:
     def live_servers(self) -> list[str]:
         """Published servers that answer /health (a dead one's file is ignored)."""
 
-        urls = published_urls(self.rd.servers)
+        urls = published_urls(self.servers_dir)
         answers = self.loop.run_until_complete(probe(urls, "/health", api_key=self.api_key))
         return [u for u, a in zip(urls, answers, strict=True) if not isinstance(a, BaseException)]
 
@@ -101,8 +105,8 @@ class WeightPublisher:
                     len(servers),
                     seconds,
                     self.last_push["gbps"],
-                    self.cfg.rollout.engine,
-                    self.cfg.rollout.weight_sync if self.cfg.rollout.weight_sync == "disk" else self.backend,
+                    self.rollout.engine,
+                    self.rollout.weight_sync if self.rollout.weight_sync == "disk" else self.backend,
                 )
                 return seconds
             except (WeightSyncError, RuntimeError, OSError) as e:
@@ -116,8 +120,8 @@ class WeightPublisher:
         """Disk: write ``weights/vN`` once, every server loads it. Distributed: the run's update
         group (re-formed when its members change); ``late`` servers get their own short-lived group
         so the others keep generating."""
-        if self.cfg.rollout.weight_sync == "disk":
-            out = self.rd.weights / f"v{version:06d}"
+        if self.rollout.weight_sync == "disk":
+            out = self.weights_dir / f"v{version:06d}"
             fresh = not late or not (out / "model.safetensors").exists()
             self.loop.run_until_complete(
                 push_weights_from_disk(
@@ -128,20 +132,18 @@ class WeightPublisher:
         elif late:
             group = self._group(servers, f"late_{version}_{time.time_ns()}")
             try:
-                self.loop.run_until_complete(group.init(timeout_s=self.cfg.rollout.ready_timeout_s))
-                self.loop.run_until_complete(
-                    group.push(named.items(), version, self.cfg.rollout.bucket_mb << 20)
-                )
+                self.loop.run_until_complete(group.init(timeout_s=self.rollout.ready_timeout_s))
+                self.loop.run_until_complete(group.push(named.items(), version, self.rollout.bucket_mb << 20))
             finally:
                 self.loop.run_until_complete(asyncio.wait_for(group.close(), 30))
         else:
             self._ensure_group(servers)
             self.loop.run_until_complete(
-                self.group.push(named.items(), version, self.cfg.rollout.bucket_mb << 20)
+                self.group.push(named.items(), version, self.rollout.bucket_mb << 20)
             )
 
     def _wait_servers(self) -> list[str]:
-        deadline = time.time() + self.cfg.rollout.ready_timeout_s
+        deadline = time.time() + self.rollout.ready_timeout_s
         while True:
             servers = self.live_servers()
             if servers:
@@ -149,9 +151,7 @@ class WeightPublisher:
             if self.alive is not None:
                 self.alive()
             if time.time() > deadline:
-                raise RoleTimeout(
-                    f"no rollout server answered within {self.cfg.rollout.ready_timeout_s:.0f} s"
-                )
+                raise RoleTimeout(f"no rollout server answered within {self.rollout.ready_timeout_s:.0f} s")
             time.sleep(0.2)
 
     def _ensure_group(self, servers: list[str]) -> None:
@@ -161,12 +161,12 @@ class WeightPublisher:
         self._drop_group()
 
         self.group = self._group(servers, "weight_update_group")
-        self.loop.run_until_complete(self.group.init(timeout_s=self.cfg.rollout.ready_timeout_s))
+        self.loop.run_until_complete(self.group.init(timeout_s=self.rollout.ready_timeout_s))
         self.group_servers = list(servers)
         log.info("weight update group with %d server(s)", len(servers))
 
     def _group(self, servers: list[str], name: str):
-        return PUSHES[self.api](servers, node_address(), self.backend, name, api_key=self.api_key)
+        return self.transport(servers, self.address, self.backend, name, api_key=self.api_key)
 
     def _drop_group(self) -> None:
         if self.group is not None:
@@ -177,7 +177,7 @@ class WeightPublisher:
         self.group, self.group_servers = None, []
 
     def _prune_weights(self, version: int) -> None:
-        for p in self.rd.weights.glob("v*"):
+        for p in self.weights_dir.glob("v*"):
             if p.name[1:].isdigit() and int(p.name[1:]) < version - 1:
                 shutil.rmtree(p, ignore_errors=True)
 

@@ -9,26 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import pickle
 import threading
 import time
 from typing import Any
 
-import torch
 from aiohttp import web
 
-from agent_r1.rollout.engine import Engine, Request, checkpoint_tensors
-from agent_r1.rollout.weight_sync import (
-    SGLANG_SESSIONS_FROM,
-    deserialize_named_tensors,
-    join_update_group,
-    leave_update_group,
-    release,
-)
+from agent_r1.engines.embedded.engine import Engine, checkpoint_tensors
+from agent_r1.engines.embedded.requests import Request
 from agent_r1.service import (
     BadRequest,
     api_key_middleware,
-    as_object,
     dumps,
     error_response,
     json_response,
@@ -38,18 +29,14 @@ from agent_r1.service import (
     start_site,
     write_ready,
 )
+from agent_r1.weights.receiver import WeightRoutes, request_body
+from agent_r1.weights.sglang import SGLANG_SESSIONS_FROM, release
 
 log = logging.getLogger("agent_r1.server")
 ENGINE = "agent-r1-embedded-0.1"
 # the SGLang release whose HTTP protocol this server speaks (``/server_info`` "version"; clients
 # gate on it); ``--sglang-version`` picks an older one (no update sessions before 0.5.21)
 SGLANG_PROTOCOL = "0.5.23"
-DTYPES = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "uint8": torch.uint8,
-}
 
 
 # what upstream SGLang 0.5.x serves of this server's routes; `--strict` serves only these (the rest
@@ -82,11 +69,6 @@ UPSTREAM_ENDPOINTS = frozenset(
     }
 )
 TOKENIZE_OFF_LOOP_CHARS = 1 << 16  # longer prompt text is tokenised in a thread
-MAX_STUCK_JOINS = 4  # joins whose master never answered; their threads cannot be stopped
-
-
-def _ok(success: bool = True, message: str = "", **extra: Any) -> web.Response:
-    return json_response({"success": success, "message": message, **extra}, status=200 if success else 400)
 
 
 @web.middleware
@@ -97,88 +79,6 @@ async def _log_not_found(request: web.Request, handler):
     except web.HTTPNotFound:
         log.warning("strict: 404 for %s %s (not an upstream SGLang endpoint)", request.method, request.path)
         raise
-
-
-class WeightReceiver:
-    """The server's end of a weight-update group: a standalone gloo (or NCCL) process group that
-    the trainer (rank 0) broadcasts HF-named tensors over, one flattened bucket per call."""
-
-    def __init__(self, device: torch.device | str = "cpu") -> None:
-        self.groups: dict[str, Any] = {}
-        self.devices: dict[str, torch.device] = {}  # NCCL receives into GPU memory, gloo into host
-        self.device = torch.device(device)
-
-    def init(
-        self,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        group_name: str,
-        backend: str,
-        abandoned: threading.Event | None = None,
-    ) -> None:
-        """Join as SGLang's TP rank 0 does: rank ``rank_offset + 0``, through the same helper.
-        ``abandoned`` set before the join returns (its request timed out): the group is left."""
-        if backend not in ("gloo", "nccl"):
-            raise BadRequest(f"backend: must be gloo or nccl, got {backend!r}")
-        if not group_name:
-            raise BadRequest("group_name: must not be empty")
-        if group_name in self.groups:
-            raise BadRequest(f"group_name: a weight update group {group_name!r} exists on this server")
-        group = join_update_group(
-            backend, master_address, int(master_port), int(world_size), int(rank_offset), group_name
-        )
-        if abandoned is not None and abandoned.is_set():  # its request was answered failed meanwhile
-            leave_update_group(group)
-            return
-        self.groups[group_name] = group
-        self.devices[group_name] = self.device if backend == "nccl" else torch.device("cpu")
-
-    def destroy(self, group_name: str) -> bool:
-        group = self.groups.pop(group_name, None)
-        self.devices.pop(group_name, None)
-        if group is not None:
-            leave_update_group(group)
-        return group is not None
-
-    def receive(self, body: dict[str, Any]) -> dict[str, torch.Tensor]:
-        import torch.distributed as dist
-
-        names, dtypes = need(body, "names", "str_list"), need(body, "dtypes", "str_list")
-        shapes = need(body, "shapes", "shape_list")
-        name = need(body, "group_name", "text", "weight_update_group")
-        group, device = self.groups.get(name), self.devices.get(name)
-        if group is None:
-            raise BadRequest(
-                f"group_name: no weight update group {name!r}; call /init_weights_update_group first"
-            )
-        if not len(names) == len(dtypes) == len(shapes):
-            raise BadRequest("names, dtypes and shapes must have the same length")
-        bad = [d for d in dtypes if d not in DTYPES]
-        if bad:
-            raise BadRequest(f"dtypes: unsupported dtype {bad[0]!r}; supported: {sorted(DTYPES)}")
-        specs = [(n, DTYPES[d], tuple(s)) for n, d, s in zip(names, dtypes, shapes, strict=True)]
-        if body.get("load_format") == "flattened_bucket":
-            # SGLang's FlattenedTensorBucket layout: byte offsets in order, each aligned to its dtype
-            out, offsets, off = {}, [], 0
-            for n, d, s in specs:
-                if off % d.itemsize:
-                    raise BadRequest(f"names: unaligned tensor {n}: byte offset {off}, dtype {d}")
-                offsets.append(off)
-                off += int(torch.Size(s).numel()) * d.itemsize
-            flat = torch.empty(off, dtype=torch.uint8, device=device)
-            dist.broadcast(flat, src=0, group=group)
-            ends = offsets[1:] + [off]
-            for (n, d, s), start, end in zip(specs, offsets, ends, strict=True):
-                out[n] = flat[start:end].view(d).view(s).clone()
-            return out
-        out = {}
-        for n, d, s in specs:
-            t = torch.empty(s, dtype=d, device=device)
-            dist.broadcast(t, src=0, group=group)
-            out[n] = t
-        return out
 
 
 class Server:
@@ -202,12 +102,8 @@ class Server:
         if v is None:
             raise ValueError(f"sglang_version: not a release number: {sglang_version!r}")
         self.sglang_version, self.sessions = sglang_version, v >= SGLANG_SESSIONS_FROM
-        self.session_open = False
-        self.weight_ipc = (
-            weight_ipc  # /update_weights_from_tensor unpickles its body: colocated trainers only
-        )
-        self.weights = WeightReceiver(engine.device)
-        self.join_timeout_s, self.stuck_joins = join_timeout_s, []
+        # the weight-update routes: the receiving end of every push (weights/receiver.py)
+        self.weight_routes = WeightRoutes(engine, self.sessions, weight_ipc, join_timeout_s)
         middlewares = [api_key_middleware(api_key)] if api_key else []
         if strict:
             middlewares.append(_log_not_found)
@@ -226,15 +122,7 @@ class Server:
         r.add_post("/abort_request", self.abort_request)
         r.add_post("/pause_generation", self.pause)
         r.add_post("/continue_generation", self.resume)
-        r.add_post("/update_weights_from_disk", self.update_from_disk)
-        r.add_post("/init_weights_update_group", self.init_group)
-        r.add_post("/destroy_weights_update_group", self.destroy_group)
-        r.add_post("/update_weights_from_distributed", self.update_from_distributed)
-        r.add_post("/update_weights_from_tensor", self.update_from_tensor)
-        if self.sessions:
-            r.add_post("/begin_weight_update", self.begin_update)
-            r.add_post("/end_weight_update", self.end_update)
-        r.add_post("/update_weight_version", self.update_version)
+        self.weight_routes.add_to(r)
         r.add_post("/get_weights_by_name", self.weights_by_name)
         r.add_post("/release_memory_occupation", self.noop)
         r.add_post("/resume_memory_occupation", self.noop)
@@ -458,9 +346,7 @@ class Server:
 
     # ---- control -------------------------------------------------------------------------------------------
     async def _body(self, request: web.Request) -> dict[str, Any]:
-        if not request.can_read_body:
-            return {}
-        return as_object(await read_json_body(request))
+        return await request_body(request)
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         if self.engine.flush_cache():
@@ -488,157 +374,6 @@ class Server:
     async def resume(self, request: web.Request) -> web.Response:
         self.engine.resume()
         return json_response({"message": "Generation continued successfully.", "status": "ok"})
-
-    async def update_from_disk(self, request: web.Request) -> web.Response:
-        try:
-            body = await self._body(request)
-            path = need(body, "model_path", "text")
-            version = need(body, "weight_version", "scalar", None)
-            if need(body, "abort_all_requests", "bool", False):
-                self.engine.abort(abort_all=True)
-            await asyncio.to_thread(self.engine.update_weights_from_disk, path, version)
-        except BadRequest as e:
-            return _ok(False, str(e))
-        return _ok(True, "Succeeded to update model weights.", num_paused_requests=0)
-
-    async def init_group(self, request: web.Request) -> web.Response:
-        """Join the trainer's group in a thread of its own, within ``join_timeout_s``: a master that
-        accepts the connection and stays silent blocks torch's store client for good, so a join
-        that does not finish in time is answered as failed and its thread left behind (at most
-        ``MAX_STUCK_JOINS`` of them; the pool that serves the other endpoints is never used)."""
-        try:
-            body = await self._body(request)
-            addr = need(body, "master_address", "text")
-            port = need(body, "master_port", "port")
-            world = need(body, "world_size", "count")
-            offset = need(body, "rank_offset", "index")
-            if not 0 < offset < world:
-                raise BadRequest(
-                    f"rank_offset: must be in 1..world_size-1 (rank 0 is the trainer), got {offset}"
-                )
-            name = need(body, "group_name", "text", "weight_update_group")
-            backend = need(body, "backend", "str", "gloo")
-        except BadRequest as e:
-            return _ok(False, str(e))
-        self.stuck_joins = [t for t in self.stuck_joins if t.is_alive()]  # one that finished late is gone
-        if len(self.stuck_joins) >= MAX_STUCK_JOINS:
-            return _ok(
-                False,
-                f"init_weights_update_group refused: {len(self.stuck_joins)} earlier joins never finished",
-            )
-        loop, done, abandoned = asyncio.get_running_loop(), asyncio.Event(), threading.Event()
-        outcome: list[BaseException | None] = []
-
-        def join() -> None:
-            try:
-                self.weights.init(addr, port, offset, world, name, backend, abandoned)
-                outcome.append(None)
-            except BaseException as e:  # noqa: BLE001 - reported to the request, whatever it is
-                outcome.append(e)
-            loop.call_soon_threadsafe(done.set)
-
-        thread = threading.Thread(target=join, name=f"join-{name}", daemon=True)
-        thread.start()
-        try:
-            await asyncio.wait_for(done.wait(), self.join_timeout_s)
-        except TimeoutError:
-            self.stuck_joins.append(thread)
-            abandoned.set()  # should it finish later, the group it formed is left at once
-            return _ok(
-                False,
-                f"init_weights_update_group failed: no rendezvous at {addr}:{port} within"
-                f" {self.join_timeout_s:g} s (is a trainer listening there?)",
-            )
-        err = outcome[0]
-        if err is not None:
-            return _ok(False, f"init_weights_update_group failed: {type(err).__name__}: {err}")
-        return _ok(True, "Succeeded to initialize custom process group.")
-
-    async def destroy_group(self, request: web.Request) -> web.Response:
-        body = await self._body(request)
-        if not self.weights.destroy(need(body, "group_name", "text", "weight_update_group")):
-            return _ok(False, "The group to be destroyed does not exist.")
-        return _ok(True, "Succeeded to destroy custom process group.")
-
-    async def begin_update(self, request: web.Request) -> web.Response:
-        try:
-            body = await self._body(request)
-            if body.get("selector", "all") not in ("all", "target", "draft"):
-                raise BadRequest(f"selector: must be all, target or draft, got {body['selector']!r}")
-        except BadRequest as e:
-            return error_response(str(e))
-        if self.session_open:
-            return _ok(False, "a weight-update session is already open; call end_weight_update() first")
-        self.session_open = True
-        return _ok(True, "Success")
-
-    async def end_update(self, request: web.Request) -> web.Response:
-        if not self.session_open:
-            return _ok(False, "no weight-update session is open; call begin_weight_update() first")
-        self.session_open = False
-        return _ok(True, "Success")
-
-    def _outside_session(self, op: str) -> web.Response | None:
-        """SGLang >= 0.5.21 answers an update outside a session with failure, receiving nothing."""
-        if self.sessions and not self.session_open:
-            return _ok(False, f"{op} must run between begin_weight_update() and end_weight_update()")
-        return None
-
-    async def update_from_distributed(self, request: web.Request) -> web.Response:
-        refused = self._outside_session("update_weights_from_distributed")
-        if refused is not None:
-            return refused
-        try:
-            body = await self._body(request)
-            if body.get("abort_all_requests"):
-                self.engine.abort(abort_all=True)
-            tensors = await asyncio.to_thread(self.weights.receive, body)
-            await asyncio.to_thread(self.engine.update_weights, tensors, body.get("weight_version"))
-        except KeyError as e:
-            return _ok(False, f"missing field {e}")
-        except (BadRequest, RuntimeError) as e:
-            return _ok(False, f"update_weights_from_distributed failed: {e}")
-        return _ok(True, "Succeeded to update parameter online.")
-
-    async def update_from_tensor(self, request: web.Request) -> web.Response:
-        """SGLang's colocated weight update: ``serialized_named_tensors`` holds, per TP rank, a
-        base64 ``ForkingPickler`` dump of ``[(name, tensor), ...]`` whose CUDA tensors travel as IPC
-        handles (CPU tensors as shared memory), so the bytes never leave the device."""
-        if not self.weight_ipc:
-            return error_response(
-                "update_weights_from_tensor: disabled; start the server with --weight-ipc (it unpickles "
-                "the request body: only for a trainer on the same machine)",
-                403,
-            )
-        refused = self._outside_session("update_weights_from_tensor")
-        if refused is not None:
-            return refused
-        try:
-            body = await self._body(request)
-            blobs = body.get("serialized_named_tensors")
-            if not isinstance(blobs, list) or not blobs or not all(isinstance(b, str) for b in blobs):
-                raise BadRequest(
-                    "serialized_named_tensors: a non-empty list of base64 strings (one per TP rank)"
-                )
-            if body.get("abort_all_requests"):
-                self.engine.abort(abort_all=True)
-            tensors: dict[str, torch.Tensor] = {}
-            for blob in blobs:
-                tensors.update(deserialize_named_tensors(blob))
-            await asyncio.to_thread(self.engine.update_weights, tensors, body.get("weight_version"))
-        except BadRequest as e:
-            return _ok(False, str(e))
-        except (ValueError, TypeError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
-            return _ok(False, f"update_weights_from_tensor failed: {type(e).__name__}: {e}")
-        return _ok(True, "Succeeded to update model weights.")
-
-    async def update_version(self, request: web.Request) -> web.Response:
-        body = await self._body(request)
-        version = need(body, "new_version", "scalar")
-        if need(body, "abort_all_requests", "bool", True):
-            self.engine.abort(abort_all=True)
-        self.engine.weight_version = str(version)
-        return _ok(True, "Succeeded to update weight version.", new_version=self.engine.weight_version)
 
     async def get_version(self, request: web.Request) -> web.Response:
         return json_response({"weight_version": self.engine.weight_version})
@@ -676,7 +411,6 @@ def serve(
     router), then ``ready_file`` gets ``{"url": ...}``; ``stop_when()`` true ends the server.
     ``routes(server)`` adds routes before it starts (``agent-r1 serve``: the OpenAI API)."""
     import signal
-    import threading
 
     weight_ipc = bool(engine_kw.pop("weight_ipc", False))
     api_key = engine_kw.pop("api_key", None)

@@ -12,16 +12,10 @@ from typing import Any
 import torch
 
 from agent_r1 import native
+from agent_r1.rollout.protocol import GREEDY_BELOW
 from agent_r1.service import BadRequest
 
 SEED_LIMIT = (1 << 63) - 128  # seed + sample index (n <= 128) still seeds a torch.Generator
-GREEDY_BELOW = 1e-5  # temperatures under this sample greedily (dividing logits by them overflows)
-
-
-def logprob_temperature(temperature: float) -> float:
-    """The T of the logprobs a request at ``temperature`` gets back: log_softmax(logits / T), and
-    untempered (T = 1) where it samples greedily, as SGLang. The learner recomputes them alike."""
-    return temperature if temperature >= GREEDY_BELOW else 1.0
 
 
 def is_token_id(t: Any, vocab_size: int) -> bool:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
+from agent_r1.engines.embedded.sampling import Sampling, sample_batch
 from agent_r1.rollout.protocol import Completion, FinishReason, SamplingParams
-from agent_r1.rollout.sampling import Sampling, sample_batch
 
 
 class HFGenerator:

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent_r1.rollout.upstream import UpstreamServer, free_port
+from agent_r1.engines.upstream import UpstreamServer, free_port
 
 
 @dataclass

@@ -13,7 +13,7 @@ def register() -> None:
 
     try:
         WeightTransferEngineFactory.register_engine(
-            GLOO_BACKEND, "agent_r1.rollout.vllm_gloo", "GlooWeightTransferEngine"
+            GLOO_BACKEND, "agent_r1.weights.vllm_gloo", "GlooWeightTransferEngine"
         )
     except ValueError:  # already registered in this process
         pass

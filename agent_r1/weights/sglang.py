@@ -1,4 +1,4 @@
-"""Pushing new weights from a trainer process to rollout servers.
+"""SGLang's weight push (the embedded engine's too): the trainer's end of its update sessions.
 
 ``WeightUpdateGroup`` is the trainer's end of SGLang's distributed update. Every rank of every
 server joins a standalone process group (gloo on CPU, NCCL on GPU) with the trainer as rank 0; both
@@ -21,27 +21,19 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import threading
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import torch
 
-from agent_r1.errors import AgentR1Error
 from agent_r1.rollout.client import RolloutClient
-from agent_r1.rollout.update_group import join_update_group, leave_update_group
-
-DTYPE_NAMES = {
-    torch.float32: "float32",
-    torch.bfloat16: "bfloat16",
-    torch.float16: "float16",
-    torch.uint8: "uint8",
-}
+from agent_r1.weights.buckets import DTYPE_NAMES, buckets, flatten, serialize_named_tensors
+from agent_r1.weights.transport import PushedServers, WeightSyncError, free_port
+from agent_r1.weights.update_group import join_update_group, leave_update_group
 
 # The SGLang releases whose weight-update protocol this module speaks (checked by the contract
 # tests against each end of the window): flattened buckets (``load_format``) from 0.5.6, update
@@ -49,16 +41,6 @@ DTYPE_NAMES = {
 SGLANG_OLDEST = (0, 5, 6)
 SGLANG_BELOW = (0, 6)
 SGLANG_SESSIONS_FROM = (0, 5, 21)
-
-
-class WeightSyncError(AgentR1Error, RuntimeError):
-    """A weight push failed on at least one server (named in the message)."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def release(text: str) -> tuple[int, ...] | None:
@@ -111,32 +93,6 @@ def check_server_info(url: str, info: Any) -> ServerProtocol:
     return ServerProtocol(url, version, int(info.get("tp_size") or 1))
 
 
-def buckets(
-    named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Group tensors in order into buckets of at most ``bucket_bytes`` (a larger tensor goes alone).
-    A tensor whose byte offset in the bucket would not be a multiple of its element size starts a
-    new bucket: SGLang's ``FlattenedTensorBucket`` views each tensor at its offset and refuses an
-    unaligned one."""
-    cur: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, t in named:
-        n = t.numel() * t.element_size()
-        if cur and (size + n > bucket_bytes or size % t.element_size()):
-            yield cur
-            cur, size = [], 0
-        cur.append((name, t))
-        size += n
-    if cur:
-        yield cur
-
-
-def flatten(bucket: list[tuple[str, torch.Tensor]], device: torch.device | str = "cpu") -> torch.Tensor:
-    """One uint8 tensor of the bucket's bytes on ``device`` (the layout of SGLang's
-    ``FlattenedTensorBucket``): the GPU for NCCL (no host copy), the CPU for gloo."""
-    return torch.cat([t.detach().contiguous().to(device).view(-1).view(torch.uint8) for _, t in bucket])
-
-
 def bucket_body(bucket: list[tuple[str, torch.Tensor]], group_name: str, version: str | None) -> dict:
     """The ``/update_weights_from_distributed`` body of one flattened bucket (SGLang's
     ``UpdateWeightsFromDistributedReqInput``); the cache is flushed once after the last bucket."""
@@ -149,11 +105,6 @@ def bucket_body(bucket: list[tuple[str, torch.Tensor]], group_name: str, version
         "flush_cache": False,
         "weight_version": version,
     }
-
-
-def group_backend(tensors_on_cuda: bool) -> str:
-    """NCCL when the weights live on a GPU (trainer and SGLang servers on GPU nodes), else gloo."""
-    return "nccl" if tensors_on_cuda and torch.cuda.is_available() else "gloo"
 
 
 # the control calls of one push, in order (bodies as SGLang's request types take them)
@@ -176,35 +127,6 @@ async def server_protocols(client: RolloutClient, servers: list[str]) -> list[Se
         return check_server_info(url, info)
 
     return list(await asyncio.gather(*(one(s) for s in servers)))
-
-
-class PushedServers:
-    """What a weight push keeps about its servers: which have the pushed weights. A server that
-    misses an update is disabled in the rollout client that generates until it has them."""
-
-    servers: list[str]
-    client: RolloutClient
-    rollout_client: RolloutClient | None
-    healthy: set[str]
-    version_path = "/model_info"  # GET: {"weight_version": "N", ...}
-
-    async def verify(self, version: int | str) -> None:
-        answers = await asyncio.gather(
-            *(self.client.get(s, self.version_path) for s in self.servers), return_exceptions=True
-        )
-        bad = [
-            s
-            for s, a in zip(self.servers, answers, strict=True)
-            if isinstance(a, BaseException) or str(a.get("weight_version")) != str(version)
-        ]
-        self._set_healthy(set(self.servers) - set(bad))
-        if bad:
-            raise WeightSyncError(f"servers without weight version {version}: {bad}")
-
-    def _set_healthy(self, healthy: set[str]) -> None:
-        self.healthy = healthy
-        if self.rollout_client is not None:
-            self.rollout_client.disabled = set(self.servers) - healthy
 
 
 class WeightUpdateGroup(PushedServers):
@@ -366,70 +288,7 @@ class WeightUpdateGroup(PushedServers):
         self.group = None
 
 
-async def push_weights_from_disk(
-    servers: list[str],
-    named: Iterable[tuple[str, torch.Tensor]] | None,
-    out_dir: str | Path,
-    version: int | str,
-    api_key: str | None = None,
-) -> None:
-    """Write ``model.safetensors`` under ``out_dir`` (shared filesystem) and have every server load
-    it; ``named=None`` only has the servers load what ``out_dir`` already holds (a late server)."""
-    out = Path(out_dir)
-    if named is not None:
-        from safetensors.torch import save_file
-
-        out.mkdir(parents=True, exist_ok=True)
-        tmp = out / ".model.safetensors.tmp"
-        save_file({n: t.detach().contiguous().cpu() for n, t in named}, str(tmp))
-        tmp.replace(out / "model.safetensors")
-    client = RolloutClient(servers=servers, api_key=api_key)
-    try:
-        answers = await asyncio.gather(
-            *(
-                client.post(
-                    s, "/update_weights_from_disk", {"model_path": str(out), "weight_version": str(version)}
-                )
-                for s in servers
-            ),
-            return_exceptions=True,
-        )
-    finally:
-        await client.close()
-    bad = [
-        f"{s}: {a}"
-        for s, a in zip(servers, answers, strict=True)
-        if isinstance(a, BaseException) or not a.get("success")
-    ]
-    if bad:
-        raise WeightSyncError(f"update_weights_from_disk failed on: {bad}")
-
-
 # ---- colocated: CUDA IPC handles (SGLang's /update_weights_from_tensor) ------------------------------
-def serialize_named_tensors(named: dict[str, torch.Tensor]) -> str:
-    """``[(name, tensor), ...]`` pickled with torch's multiprocessing reductions, base64: a CUDA
-    tensor becomes an IPC handle into this process's memory (a CPU tensor moves to shared memory),
-    so the receiver maps the same bytes. Keep the tensors alive until the receiver has answered."""
-    import base64
-    import io
-    from multiprocessing.reduction import ForkingPickler
-
-    import torch.multiprocessing  # noqa: F401 - registers the tensor reductions with ForkingPickler
-
-    buf = io.BytesIO()
-    ForkingPickler(buf, 4).dump([(n, t.detach().contiguous()) for n, t in named.items()])
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-def deserialize_named_tensors(blob: str) -> dict[str, torch.Tensor]:
-    import base64
-    import pickle
-
-    import torch.multiprocessing  # noqa: F401 - registers the reductions the pickle refers to
-
-    return dict(pickle.loads(base64.b64decode(blob)))
-
-
 def push_weights_ipc(
     url: str,
     named: dict[str, torch.Tensor],

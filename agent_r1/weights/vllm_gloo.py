@@ -29,7 +29,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from agent_r1.rollout.update_group import join_update_group, leave_update_group
+from agent_r1.weights.update_group import join_update_group, leave_update_group
 
 log = logging.getLogger("agent_r1.vllm_gloo")
 
