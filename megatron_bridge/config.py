@@ -31,6 +31,9 @@ class BridgeConfig:
     fp8_recipe: str = "delayed"  # delayed | tensorwise (current scaling)
     vocab_multiple: int = 128  # the embedding is padded so each TP rank gets an equal slice
     recompute: bool = False
+    # build as on a GPU (no CPU adaptations in the TransformerConfig); None: where CUDA is available.
+    # A dry run planning a GPU rank on a CPU machine sets it (agent_r1.learner.backend.Backend)
+    for_gpu: bool | None = None
 
     def __post_init__(self) -> None:
         if self.tp < 1 or self.pp < 1 or self.ep < 1:
@@ -51,13 +54,11 @@ class BridgeConfig:
             raise ValueError(f"model.fp8_recipe must be delayed or tensorwise, got {self.fp8_recipe!r}")
 
 
-def _dry_run() -> bool:
-    """A planned GPU rank (agent_r1.learner.dry_run): built as on a GPU, on tensors without memory."""
-    try:
-        from agent_r1.learner import dry_run
-    except ImportError:
-        return False
-    return dry_run.active() is not None
+def gpt_model(model: Any) -> Any:
+    """The ``GPTModel`` inside Megatron's wrappers (DDP, ``Float16Module``)."""
+    while not hasattr(model, "decoder") and hasattr(model, "module"):
+        model = model.module
+    return model
 
 
 def padded_vocab(vocab: int, multiple: int, tp: int) -> int:
@@ -118,7 +119,7 @@ def megatron_config(hf: Any, bc: BridgeConfig):
             "full stream before the decoder; use parallel.sp=false for vision-language models"
         )
     dtype = getattr(torch, bc.dtype)
-    on_gpu = torch.cuda.is_available() or _dry_run()
+    on_gpu = torch.cuda.is_available() if bc.for_gpu is None else bc.for_gpu
     fp8 = {}
     if bc.precision == "fp8":
         fp8 = {"fp8": "hybrid", "fp8_recipe": bc.fp8_recipe}

@@ -85,7 +85,7 @@ class Recipe:
         return importlib.import_module(f"recipes.{self.name}.server")
 
     def tool_schemas(self) -> list[dict[str, Any]]:
-        from agent_r1.tools import TOOLS
+        from agent_r1.agent_tools import TOOLS
 
         return [TOOLS.get(t)().schema for t in self.tools]
 

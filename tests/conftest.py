@@ -35,8 +35,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen3 with a BPE tokenizer trained on the arithmetic_tool recipe."""
+    from agent_r1.agent_tools import TOOLS
     from agent_r1.models.tiny import build_tiny_model
-    from agent_r1.tools import TOOLS
     from recipes import load_recipe
 
     out = tmp_path_factory.mktemp("tiny") / "qwen3"
@@ -48,8 +48,8 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_model_h32(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same tiny Qwen3 with head size 32 (2 heads of 32 instead of 4 of 16): vLLM-CPU's
     attention kernels take no head size below 32."""
+    from agent_r1.agent_tools import TOOLS
     from agent_r1.models.tiny import build_tiny_model
-    from agent_r1.tools import TOOLS
     from recipes import load_recipe
 
     out = tmp_path_factory.mktemp("tiny") / "qwen3_h32"
@@ -77,8 +77,8 @@ def vllm_python() -> str:
 @pytest.fixture(scope="session")
 def tiny_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen2-VL (vision tower + LM) with the arithmetic_tool tokenizer text."""
+    from agent_r1.agent_tools import TOOLS
     from agent_r1.models.tiny import build_tiny_model
-    from agent_r1.tools import TOOLS
     from recipes import load_recipe
 
     out = tmp_path_factory.mktemp("tiny") / "qwen2_vl"
@@ -89,8 +89,8 @@ def tiny_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_vl25_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen2.5-VL (window-attention vision tower + LM), the same tokenizer text."""
+    from agent_r1.agent_tools import TOOLS
     from agent_r1.models.tiny import build_tiny_model
-    from agent_r1.tools import TOOLS
     from recipes import load_recipe
 
     out = tmp_path_factory.mktemp("tiny") / "qwen2_5_vl"

@@ -33,7 +33,7 @@ def _init(tp: int, pp: int) -> None:
     import megatron.core  # noqa: F401
     from megatron.core import parallel_state as ps
 
-    from agent_r1.learner.cpu_compat import apply
+    from agent_r1.learner.backend.cpu_compat import apply
 
     apply()
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)

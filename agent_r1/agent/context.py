@@ -24,8 +24,8 @@ from typing import Any
 
 from agent_r1.agent.chat import ChatCodec
 from agent_r1.agent.types import Observation
+from agent_r1.agent_tools.services import NO_SERVICES, Services
 from agent_r1.registry import Registry
-from agent_r1.tools.services import NO_SERVICES, Services
 from agent_r1.vision.images import Image
 
 

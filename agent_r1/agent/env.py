@@ -10,8 +10,8 @@ from typing import Any
 
 from agent_r1.agent.chat import ChatCodec
 from agent_r1.agent.types import Action, Observation, StepResult
+from agent_r1.agent_tools.services import NO_SERVICES, Services
 from agent_r1.registry import Registry
-from agent_r1.tools.services import NO_SERVICES, Services
 
 
 class AgentEnv:

@@ -16,12 +16,12 @@ from agent_r1.agent.chat import ChatCodec
 from agent_r1.agent.env import make_env
 from agent_r1.agent.episode import EpisodeSettings, FlowConfig
 from agent_r1.agent.types import Action, GenerateFn, Observation, StepResult
+from agent_r1.agent_tools.services import NO_SERVICES, Services
 from agent_r1.data.rows import DataRow
 from agent_r1.records.schema import StepRecord, Trajectory
 from agent_r1.registry import Registry
 from agent_r1.rewards import compute_reward
 from agent_r1.rollout.protocol import image_kwargs
-from agent_r1.tools.services import NO_SERVICES, Services
 from agent_r1.vision.images import Image, load_image
 
 

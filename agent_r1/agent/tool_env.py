@@ -16,9 +16,9 @@ from agent_r1.agent.context import History, Turn, build_context
 from agent_r1.agent.env import ENVS, AgentEnv
 from agent_r1.agent.tool_calls import MalformedCall, ToolCall
 from agent_r1.agent.types import Action, Observation, StepResult
-from agent_r1.tools import TOOLS, BaseTool, ToolError, ToolOutput
-from agent_r1.tools.crop import ImageTool
-from agent_r1.tools.services import Services
+from agent_r1.agent_tools import TOOLS, BaseTool, ToolError, ToolOutput
+from agent_r1.agent_tools.crop import ImageTool
+from agent_r1.agent_tools.services import Services
 from agent_r1.vision.images import Image
 
 

@@ -242,7 +242,7 @@ def run(a: Any) -> int:
 
 def run_chat(a: Any) -> int:
     from agent_r1.commands.infer import parse_tools
-    from agent_r1.commands.policy import resolve_policy, serving
+    from agent_r1.commands.policy_source import resolve_policy, serving
     from recipes import load_all
 
     load_all()

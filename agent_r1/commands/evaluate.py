@@ -151,7 +151,7 @@ def run(a: Any) -> int:
 def run_eval(a: Any) -> dict[str, Any]:
     """The ``agent-r1 eval`` command: returns the metrics it wrote to ``OUT/metrics.json``."""
     from agent_r1.agent.flow import AGENTS
-    from agent_r1.commands.policy import resolve_policy, serving
+    from agent_r1.commands.policy_source import resolve_policy, serving
     from agent_r1.data.rows import load_rows
     from agent_r1.records.schema import records_to_table
     from agent_r1.records.shard import finalize_iteration, write_shard
@@ -171,7 +171,7 @@ def run_eval(a: Any) -> dict[str, Any]:
     if a.data:
         rows = load_rows(a.data, AGENTS)[:num]
     elif cfg is not None and a.recipe is None and a.split is None:
-        from agent_r1.train.rows import split_rows
+        from agent_r1.train.splits import split_rows
 
         rows = split_rows(cfg, "test", num)  # exactly the trainer's held-out rows
     else:

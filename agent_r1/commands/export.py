@@ -22,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
-    from agent_r1.commands.policy import export_checkpoint, newest_checkpoint
+    from agent_r1.commands.policy_source import export_checkpoint, newest_checkpoint
     from agent_r1.train.config import from_yaml
 
     setup_logging("export")

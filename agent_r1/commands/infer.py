@@ -175,7 +175,7 @@ def parse_tools(text: str | None) -> list[str] | None:
     """``--tools calculator,search``: the names, each checked against the tool registry."""
     if not text:
         return None
-    from agent_r1.tools import TOOLS
+    from agent_r1.agent_tools import TOOLS
 
     tools = [t.strip() for t in text.split(",")]
     unknown = [t for t in tools if t not in TOOLS]
@@ -228,7 +228,7 @@ def run(a: Any) -> int:
 
 
 def run_infer(a: Any) -> dict[str, Any]:
-    from agent_r1.commands.policy import resolve_policy, serving
+    from agent_r1.commands.policy_source import resolve_policy, serving
     from recipes import load_all
 
     load_all()

@@ -42,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(a: argparse.Namespace) -> int:
     from agent_r1.agent.flow import AGENTS
-    from agent_r1.commands.policy import resolve_policy, serving
+    from agent_r1.commands.policy_source import resolve_policy, serving
     from agent_r1.data.rows import load_rows
     from recipes import load_all, load_recipe
 
@@ -104,7 +104,7 @@ def run(a: argparse.Namespace) -> int:
 
 async def _hf_episodes(a: argparse.Namespace, policy: Any, rows: list, flow: Any) -> list:
     """The transformers reference in this process instead of a server."""
-    from agent_r1.agent.episodes import run_episodes
+    from agent_r1.agent.run_episodes import run_episodes
     from agent_r1.engines.hf import HFGenerator
 
     return await run_episodes(

@@ -14,8 +14,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent_r1.http_service import write_ready
 from agent_r1.process import die_with_parent, wait_or_stop
-from agent_r1.service import write_ready
 
 log = logging.getLogger("agent_r1.upstream")
 

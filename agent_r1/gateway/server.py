@@ -24,7 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from agent_r1.gateway.session import Session, SessionOver
-from agent_r1.service import BadRequest, dumps, read_json_body, start_site
+from agent_r1.http_service import BadRequest, dumps, read_json_body, start_site
 from agent_r1.serving.openai_api import (
     InvalidRequest,
     error_response,

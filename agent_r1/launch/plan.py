@@ -107,7 +107,7 @@ def _stage_export(hf_config: Any, pp: int, vpp: int = 1) -> dict[int, list]:
     0's own)."""
     import re
 
-    from agent_r1.learner import dry_run
+    from agent_r1.learner.backend import dry_run
     from megatron_bridge.weights import stage_layers
 
     text = hf_config.get_text_config()
@@ -190,7 +190,7 @@ def plan_stage(
     import numpy as np
     from megatron.core import parallel_state as ps
 
-    from agent_r1.learner import dry_run
+    from agent_r1.learner.backend import dry_run
     from agent_r1.learner.optim import pad_multiple
 
     cfg, hf_config, fp8 = planned_config(overrides)
@@ -209,9 +209,10 @@ def plan_stage(
         exports = _stage_export(hf_config, p.pp, p.vpp)
         run.peer_export = lambda src: exports[src // (p.tp * p.cp * p.dp)]
         p.initialize()
-        from agent_r1.train.learner import Learner
+        from agent_r1.learner.backend import Backend
+        from agent_r1.train.learner_rank import Learner
 
-        learner = Learner(cfg)
+        learner = Learner(cfg, Backend.planning(run))
         measure_update(learner, cfg, hf_config.get_text_config().vocab_size, run.memory, out)
         persistent = run.live
         out.microbatches, out.max_microbatch_tokens = run.microbatches, run.max_tokens
@@ -256,7 +257,7 @@ def _grad_buffer_bytes(model: Any) -> int:
 
 
 def _child(overrides: list[str], stage: int, q: Any) -> None:
-    from agent_r1.learner.dry_run import describe
+    from agent_r1.learner.backend.dry_run import describe
 
     try:
         q.put(dataclasses.asdict(plan_stage(overrides, stage)))
@@ -369,7 +370,7 @@ def rollout_plan(cfg: TrainConfig, hf_config: Any, push_bytes: int) -> RolloutPl
     text = hf_config.get_text_config()
     s = cfg.rollout.sglang
     dtype_bytes = torch.empty((), dtype=getattr(torch, cfg.model.dtype)).element_size()
-    from agent_r1.learner import dry_run
+    from agent_r1.learner.backend import dry_run
 
     unique = {t.untyped_storage()._cdata: t for t in dry_run.hf_state(hf_config).values()}.values()
     weights = sum(t.numel() for t in unique) * dtype_bytes  # tied embeddings once

@@ -148,10 +148,10 @@ def data_problems(cfg: TrainConfig, rd: Any = None) -> list[str]:
 
     from agent_r1.agent.chat import ChatCodec
     from agent_r1.data.rows import RowError
-    from agent_r1.train.rows import shared_file_problems, split_rows
+    from agent_r1.train.splits import shared_file_problems, split_rows
 
     r = cfg.recipe
-    from agent_r1.train.services import run_services
+    from agent_r1.train.run_services import run_services
 
     try:
         services = run_services(cfg, rd, pending=True)  # nothing is asked before the run starts

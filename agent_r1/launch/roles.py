@@ -332,8 +332,8 @@ def _join_router(cfg: Any, rd: RunDir):
         return None
 
     def join(url: str) -> None:
+        from agent_r1.http_service import follow_published
         from agent_r1.rollout.router import register
-        from agent_r1.service import follow_published
 
         router = follow_published(rd.router_file, cfg.rollout.ready_timeout_s, "router")()
         register(router, url, rd.api_key())
@@ -347,7 +347,7 @@ def _learner(cfg: Any, rd: RunDir, env: RoleEnv) -> int:
     import torch
     import torch.distributed as dist
 
-    from agent_r1.learner.device import bind_local_gpu
+    from agent_r1.learner.backend import bind_local_gpu
     from agent_r1.train.loop import run_learner
 
     if env.world != cfg.parallel.learner_ranks:

@@ -34,8 +34,8 @@ import torch
 from agent_r1.algos.advantages import StepInputs
 from agent_r1.learner.packing import Packed, balanced_bins, first_fit_decreasing
 from agent_r1.learner.step_inputs import to_step_inputs
+from agent_r1.records.ragged import ragged_arange
 from agent_r1.records.schema import table_images
-from agent_r1.records.synth import ragged_arange
 from agent_r1.vision.images import Image
 from agent_r1.vision.qwen2_vl import Geometry
 

@@ -38,9 +38,10 @@ class Critic(Actor):
         optim: OptimConfig,
         seed: int = 0,
         value_clip: float | None = 0.2,
+        backend: Any = None,
     ):
         self.value_clip = value_clip
-        super().__init__(hf_dir, bridge, optim, seed)
+        super().__init__(hf_dir, bridge, optim, seed, backend=backend)
 
     def _adapt_hf(self, state: dict[str, torch.Tensor]) -> None:
         """Untied backbone: the head replaces the output layer, the embedding stays."""

@@ -17,8 +17,10 @@ import torch.distributed as dist
 
 
 class RouterStats:
-    def __init__(self, modules: list[Any]):
-        """``modules``: this rank's model chunks (one, or its virtual pipeline stages)."""
+    def __init__(self, modules: list[Any], backend: Any):
+        """``modules``: this rank's model chunks (one, or its virtual pipeline stages); ``backend``:
+        the learner's ``Backend`` (the device its collectives need)."""
+        self.backend = backend
         from megatron.core.transformer.moe.router import TopKRouter
 
         self.routers = [m for chunk in modules for m in chunk.modules() if isinstance(m, TopKRouter)]
@@ -41,9 +43,7 @@ class RouterStats:
         """The shares and the imbalance over every rank (a collective: every rank calls it; TP
         peers route the same tokens, so the world's sum is divided by ``tp_size``); on the device
         the backend's collectives need."""
-        from agent_r1.learner.device import collective_device
-
-        device = collective_device()
+        device = self.backend.collective_device()
         if self.counts is None:  # no training forward since the last report
             self.counts = torch.zeros(len(self.routers), self.experts, dtype=torch.float64, device=device)
         counts = self.counts.to(device)

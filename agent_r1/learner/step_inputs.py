@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import torch
 
 from agent_r1.algos.advantages import Advantages, StepInputs, TokenInputs
-from agent_r1.algos.rewards import RewardError, combine_rewards
+from agent_r1.algos.step_rewards import RewardError, combine_rewards
 
 
 def stable_key(values: list[str] | list[bytes]) -> np.ndarray:

@@ -13,14 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from agent_r1.records.ragged import ragged_arange
 from agent_r1.records.schema import STEP_SCHEMA
-
-
-def ragged_arange(lengths: np.ndarray) -> np.ndarray:
-    """concat(arange(n) for n in lengths), without a Python loop."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return np.arange(lengths.sum(), dtype=np.int64) - starts
 
 
 def _list_array(values: np.ndarray, lengths: np.ndarray, type_: pa.DataType) -> pa.Array:

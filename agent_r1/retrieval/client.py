@@ -99,7 +99,7 @@ def run_retriever(cfg: Any, rd: Any = None) -> Retriever | None:
     if not r.index:
         return None
     if r.serve and rd is not None:
-        from agent_r1.service import follow_published
+        from agent_r1.http_service import follow_published
 
         current = follow_published(rd.retriever_file, cfg.rollout.ready_timeout_s, "retriever")
         log.info("search tools use the run's retriever at %s", current())

@@ -15,8 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agent_r1.retrieval.index import Index
-from agent_r1.service import (
+from agent_r1.http_service import (
     BadRequest,
     api_key_middleware,
     error_response,
@@ -27,6 +26,7 @@ from agent_r1.service import (
     service_errors,
     start_site,
 )
+from agent_r1.retrieval.index import Index
 
 log = logging.getLogger("agent_r1.retriever")
 

@@ -32,7 +32,7 @@ class RequestRejected(AgentR1Error, ValueError):
 
 
 async def probe(
-    urls: list[str], path: str, timeout_s: float = 10.0, api_key: str | None = None, api: str = "sglang"
+    urls: list[str], path: str, timeout_s: float = 10.0, api_key: str | None = None, api: str = "embedded"
 ) -> list[Any]:
     """GET ``path`` on every server at once, no retries: each answer, or the exception it raised."""
     if not urls:
@@ -44,7 +44,7 @@ async def probe(
         await client.close()
 
 
-async def server_versions(urls: list[str], api_key: str | None = None, api: str = "sglang") -> dict[str, int]:
+async def server_versions(urls: list[str], api_key: str | None = None, api: str = "embedded") -> dict[str, int]:
     """Weight version of every server that answers (dead ones are left out)."""
     a = server_api(api)
     answers = await probe(urls, a.version_path, api_key=api_key, api=api)
@@ -53,7 +53,7 @@ async def server_versions(urls: list[str], api_key: str | None = None, api: str 
 
 def to_completion(out: dict[str, Any]) -> Completion:
     """An SGLang ``/generate`` answer as a ``Completion``."""
-    return server_api("sglang").completion(out)
+    return server_api().completion(out)
 
 
 class RolloutClient:
@@ -65,7 +65,7 @@ class RolloutClient:
         max_retries: int = 3,
         cooldown_s: float = 5.0,
         api_key: str | None = None,
-        api: str | ServerAPI = "sglang",
+        api: str | ServerAPI = "embedded",
     ):
         """``api_key``: sent as ``Authorization: Bearer KEY`` (servers started with ``--api-key``);
         ``api``: the servers' API (a ``rollout.engine`` name or a ``ServerAPI``)."""

@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from agent_r1.http_service import http_request, write_ready
 from agent_r1.process import die_with_parent, wait_or_stop
-from agent_r1.service import http_request, write_ready
 
 log = logging.getLogger("agent_r1.router")
 

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agent_r1.http_service import published_urls, read_ready
 from agent_r1.rollout.client import RolloutClient
-from agent_r1.service import published_urls, read_ready
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class ServedModel:
     urls: Callable[[], list[str]]
     api_key: str | None = None
     wait_s: float = 300.0
-    api: str = "sglang"  # the servers' API (a rollout.engine name)
+    api: str = "embedded"  # the servers' engine (its API: engine_spec)
 
     async def client(self, timeout_s: float = 300.0) -> RolloutClient:
         """A client over the model's current servers; waits up to ``wait_s`` for the first one."""

@@ -89,7 +89,7 @@ class SGLangAPI(ServerAPI):
 
 
 @functools.cache
-def server_api(engine: str = "sglang") -> ServerAPI:
+def server_api(engine: str = "embedded") -> ServerAPI:
     """The API adapter of a ``rollout.engine`` (``engine_spec``); the embedded engine, SGLang and
     external servers speak SGLang's."""
     try:

@@ -28,7 +28,7 @@ from agent_r1.agent.tool_calls import (
     ToolCall,
 )
 from agent_r1.engines.embedded.server import Server
-from agent_r1.service import BadRequest, dumps, read_json_body
+from agent_r1.http_service import BadRequest, dumps, read_json_body
 from agent_r1.vision.images import ImageError
 
 

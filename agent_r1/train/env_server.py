@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from agent_r1.tools.services import EnvServer
+from agent_r1.agent_tools.services import EnvServer
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def run_env_server(cfg: Any, rd: Any, pending: bool = False) -> EnvServer | None
     load_recipe(cfg.recipe.name).server()  # a recipe without a service: the error names the key
     if pending:
         return EnvServer(PENDING)
-    from agent_r1.service import follow_published
+    from agent_r1.http_service import follow_published
 
     current = follow_published(rd.env_server_file, cfg.rollout.ready_timeout_s, "environment server")
     log.info("environments use the run's %s server at %s", cfg.recipe.name, current())

@@ -21,11 +21,9 @@ import torch
 import torch.distributed as dist
 
 from agent_r1.agent.chat import ChatCodec
+from agent_r1.learner.backend.cpu_compat import apply
 from agent_r1.learner.checkpoint_files import CheckpointError, first_nonfinite
-from agent_r1.learner.cpu_compat import apply
-from agent_r1.learner.device import all_reduce_scalar
-from agent_r1.records.schema import records_to_table
-from agent_r1.records.shard import finalize_iteration, iteration_dirs, write_shard
+from agent_r1.records.shard import iteration_dirs
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.coordinator import (
     Coordinator,
@@ -33,11 +31,11 @@ from agent_r1.train.coordinator import (
     checkpoint_path,
     remove_partial_checkpoints,
 )
-from agent_r1.train.learner import Learner
+from agent_r1.train.learner_rank import Learner
 from agent_r1.train.metrics import Reporter, console_line, rollout_scalars, sample_text
 from agent_r1.train.run_dir import RunDir, atomic_write_json
-from agent_r1.train.sft import demonstration_records
 from agent_r1.train.tasks import StopRequested
+from agent_r1.train.warm_start import WarmStart
 
 log = logging.getLogger("agent_r1.train")
 
@@ -52,10 +50,6 @@ def _on_signal(signum, frame) -> None:  # noqa: ARG001
 def install_signal_handlers() -> None:
     for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(s, _on_signal)
-
-
-def _any_rank(flag: bool) -> bool:
-    return bool(all_reduce_scalar(int(flag), "max", dtype=torch.int64))
 
 
 @contextmanager
@@ -73,7 +67,7 @@ def _bcast(obj: Any) -> Any:
     return box[0]
 
 
-class Trainer:
+class Trainer(WarmStart):
     def __init__(self, cfg: TrainConfig, rd: RunDir, alive: Any = None):
         self.cfg, self.rd = cfg, rd
         self.rank = dist.get_rank()
@@ -92,6 +86,10 @@ class Trainer:
         self.codec = None
         if self.rank == 0:
             self.codec = ChatCodec.load(cfg.model.path)
+
+    def any_rank(self, flag: bool) -> bool:
+        """``flag`` set on any learner rank (a collective: every rank calls it)."""
+        return bool(self.learner.backend.all_reduce_scalar(int(flag), "max", dtype=torch.int64))
 
     def stop_requested(self) -> bool:
         return _STOP["signal"] is not None or self.rd.stopping
@@ -130,70 +128,6 @@ class Trainer:
         self.reporter = Reporter(
             str(self.rd.tensorboard) if self.rank == 0 else None, self.state["iteration"] + 2
         )  # iteration i reports at step i + 1: drop what a dead run wrote after its checkpoint
-
-    def warm_start(self) -> None:
-        c = self.cfg.sft
-        if self.state["sft_done"] or c.steps == 0:
-            return
-        t0 = time.time()
-        sft_dir = self.rd.root / "sft_records"
-        if self.rank == 0 and not (sft_dir / "iter_000000" / "manifest.json").exists():
-            self._write_demonstrations(sft_dir)
-        dist.barrier()
-        demos = self.learner.batch(self.learner.read(sft_dir, 0))
-        losses = self.learner.sft(
-            demos,
-            c.steps,
-            c.batch_trajectories,
-            c.seed,
-            self.cfg.trainer.progress and self.rank == 0,
-            stop=lambda: _any_rank(self.stop_requested()),
-        )
-        if losses is None:
-            raise StopRequested("warm start")
-        self.state["sft_done"] = True
-        self.state["version"] += 1
-        if self.rank == 0 and losses:  # its own TensorBoard run: its steps are SFT steps
-            sft_log = Reporter(str(self.rd.tensorboard / "sft"))
-            for i in range(0, len(losses), max(1, len(losses) // 100)):
-                sft_log.scalars({"sft/nll": losses[i]}, i)
-            sft_log.close()
-            log.info(
-                "warm start: %d SFT steps, nll %.3f -> %.3f (%.0f s)",
-                c.steps,
-                losses[0],
-                losses[-1],
-                time.time() - t0,
-            )
-
-    def _write_demonstrations(self, sft_dir) -> None:
-        from recipes import load_all, load_recipe
-
-        load_all()
-        from agent_r1.train.rows import split_rows
-        from agent_r1.train.services import run_services
-
-        recipe = load_recipe(self.cfg.recipe.name)
-        rows = split_rows(self.cfg, "train")
-        rows = (rows * (self.cfg.sft.demos // len(rows) + 1))[: self.cfg.sft.demos]
-        flow = self.cfg.episode.flow()
-        trajs = demonstration_records(
-            recipe, rows, self.codec, flow, self.cfg.sft.seed,
-            services=run_services(self.cfg, self.rd),  # search, judges and shops like the policy will
-            **self.cfg.sft.options,
-        )  # fmt: skip
-        table = records_to_table([s for t in trajs for s in t.steps])
-        write_shard(sft_dir, 0, 0, table)
-        finalize_iteration(sft_dir, 0)
-        ok = sum(t.metrics.get("success", 0.0) for t in trajs) / max(len(trajs), 1)
-        missteps = sum(not any(s.action_mask) for t in trajs for s in t.steps)
-        log.info(
-            "warm start data: %d demonstrations (%d steps, %d missteps not imitated), demonstrator success %.2f",
-            len(trajs),
-            table.num_rows,
-            missteps,
-            ok,
-        )
 
     def push_weights(self) -> float:
         named = self.learner.gather_hf_weights()
@@ -282,7 +216,7 @@ class Trainer:
             self.state["iteration_seconds"] = time.time() - t_iter
             last = it == tr.iterations - 1 or self.out_of_time(self.state["iteration_seconds"])
             # a stop request (signal, STOP file): no evaluation (workers may be gone), checkpoint now
-            stop = _any_rank(self.stop_requested()) and not last
+            stop = self.any_rank(self.stop_requested()) and not last
             if ((tr.eval_every and (it + 1) % tr.eval_every == 0) or last) and not stop:
                 with _timed(times, "time/eval"):
                     success = self.evaluate(it)
@@ -311,7 +245,7 @@ class Trainer:
         (decided together: every rank stops after the same iteration)."""
         budget = self.cfg.trainer.max_wall_s
         if budget > 0 and not self.budget_spent:
-            self.budget_spent = _any_rank(self.wall() + next_s > budget)
+            self.budget_spent = self.any_rank(self.wall() + next_s > budget)
         return self.budget_spent
 
     def finish(self, preempted: bool) -> dict[str, Any]:

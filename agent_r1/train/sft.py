@@ -12,7 +12,7 @@ from typing import Any
 
 from agent_r1.agent.chat import ChatCodec
 from agent_r1.agent.demonstrations import Demonstrator, Misstep
-from agent_r1.tools.services import Services
+from agent_r1.agent_tools.services import Services
 
 
 def demonstration_records(
@@ -27,7 +27,7 @@ def demonstration_records(
     """Step records of the recipe's demonstrations for ``rows`` (``recipe.demonstrations``), their
     environments given ``services`` (the run's); a ``Misstep`` turn's action is masked (not
     imitated)."""
-    from agent_r1.agent.episodes import run_episodes
+    from agent_r1.agent.run_episodes import run_episodes
 
     if recipe.demonstrations is None:
         raise ValueError(f"recipe {recipe.name} has no demonstrations(); set sft.steps=0")

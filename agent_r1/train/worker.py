@@ -18,14 +18,14 @@ from agent_r1.errors import RoleTimeout
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.metrics import episode_stats
 from agent_r1.train.run_dir import RunDir
-from agent_r1.train.services import run_services
+from agent_r1.train.run_services import run_services
 from agent_r1.train.tasks import RolloutTask, acknowledge, pending_tasks
 
 log = logging.getLogger("agent_r1.worker")
 
 
 async def servers_with_version(
-    urls_fn, version: int, timeout_s: float, api_key: str | None = None, api: str = "sglang"
+    urls_fn, version: int, timeout_s: float, api_key: str | None = None, api: str = "embedded"
 ) -> list[str]:
     """Servers (re-discovered while waiting) that answer and have at least ``version``."""
     from agent_r1.rollout.client import server_versions
@@ -105,7 +105,7 @@ class Worker:
 
     def rows(self, split: str) -> list[Any]:
         if split not in self._rows:
-            from agent_r1.train.rows import split_rows
+            from agent_r1.train.splits import split_rows
 
             self._rows[split] = split_rows(self.cfg, split)
         return self._rows[split]
@@ -158,9 +158,9 @@ class Worker:
     async def _episodes(self, task: RolloutTask) -> list[Any]:
         """Run this worker's rows of ``task`` on servers holding its weight version; when every
         server it had dies, run the share again on the live ones (nothing was committed)."""
-        from agent_r1.agent.episodes import run_episodes
+        from agent_r1.agent.run_episodes import run_episodes
+        from agent_r1.http_service import follow_published, published_urls
         from agent_r1.rollout.client import RolloutClient, RolloutError
-        from agent_r1.service import follow_published, published_urls
 
         rc = self.cfg.rollout
         rows = [self.rows(task.split)[r] for _, r in task.share(self.index)]
@@ -220,9 +220,9 @@ class Worker:
 
     async def _with_teacher_logprobs(self, table: pa.Table, trajs: list[Any]) -> pa.Table:
         """``table`` with the OPD teacher's logprobs of every sampled action token as a column."""
+        from agent_r1.http_service import published_urls
         from agent_r1.records.schema import EXTRA_FIELDS
         from agent_r1.rollout.client import RolloutClient
-        from agent_r1.service import published_urls
 
         teachers = published_urls(self.rd.teachers)
         client = RolloutClient(

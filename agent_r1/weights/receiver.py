@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from aiohttp import web
 
-from agent_r1.service import BadRequest, as_object, error_response, json_response, need, read_json_body
+from agent_r1.http_service import BadRequest, as_object, error_response, json_response, need, read_json_body
 from agent_r1.weights.buckets import deserialize_named_tensors
 from agent_r1.weights.update_group import join_update_group, leave_update_group
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from agent_r1.engine_spec import engine_spec
 from agent_r1.errors import RoleTimeout
+from agent_r1.http_service import published_urls
 from agent_r1.rollout.client import probe, server_versions
-from agent_r1.service import published_urls
 from agent_r1.weights.disk import push_weights_from_disk
 from agent_r1.weights.transport import PushedServers, WeightSyncError, group_backend
 

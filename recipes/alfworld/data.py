@@ -231,7 +231,7 @@ def corpus(num: int = 48, seed: int = 0) -> list[str]:
     """Tokenizer texts: the pages of up to ``num`` offline games per split along their
     walkthroughs, the commands and the demonstrations' calls."""
     from agent_r1.agent.chat import render_message, render_system
-    from agent_r1.tools import TOOLS as REGISTRY
+    from agent_r1.agent_tools import TOOLS as REGISTRY
     from recipes.alfworld.world import World, render_page
 
     root = games_root(None, seed)

@@ -27,8 +27,8 @@ from agent_r1.agent.env import ENVS
 from agent_r1.agent.flow import AGENTS, AgentEnvLoop, AgentSpec
 from agent_r1.agent.tool_env import ToolEnv
 from agent_r1.agent.types import Action, Observation, StepResult
-from agent_r1.tools import TOOLS, ToolError, ToolOutput
-from agent_r1.tools.env_step import EnvStepTool
+from agent_r1.agent_tools import TOOLS, ToolError, ToolOutput
+from agent_r1.agent_tools.env_step import EnvStepTool
 from recipes.alfworld.data import AGENT, MAX_RECEPTACLES, SYSTEM, gamefile
 from recipes.alfworld.data import TOOLS as RECIPE_TOOLS
 from recipes.alfworld.world import POOL, State, World, render_page, split_intro

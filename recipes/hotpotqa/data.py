@@ -121,7 +121,7 @@ def corpus(num: int = 0, seed: int = 0) -> list[str]:
     prompt with the tool schema often enough that every word of it is one token."""
     from agent_r1.agent.chat import render_message, render_system
     from agent_r1.agent.tool_calls import format_tool_responses
-    from agent_r1.tools import TOOLS as REGISTRY
+    from agent_r1.agent_tools import TOOLS as REGISTRY
 
     w = W.make_world(seed)
     texts = [f"{p.title}: {p.text}" for p in w.passages()]

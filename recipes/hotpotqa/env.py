@@ -19,7 +19,7 @@ from agent_r1.agent.env import ENVS
 from agent_r1.agent.flow import AGENTS, AgentEnvLoop, AgentSpec
 from agent_r1.agent.tool_env import ToolEnv
 from agent_r1.agent.types import Observation
-from agent_r1.tools import ToolOutput
+from agent_r1.agent_tools import ToolOutput
 from recipes.hotpotqa.data import AGENT, SYSTEM, TOOLS
 
 SHRINK = 0.72

@@ -3,7 +3,7 @@ Agents SDK, ``plain_http.py`` with no SDK), one forked process per episode (its 
 once per worker), through the gateway."""
 
 from agent_r1.agent.flow import AGENTS, AgentSpec
-from agent_r1.gateway.flow import ExternalAgentFlow
+from agent_r1.gateway.program_flow import ExternalAgentFlow
 from recipes.openai_agent.data import AGENT, AGENTS_SDK, PLAIN_HTTP
 
 for name, spec in (

@@ -119,7 +119,7 @@ def demonstrations(rows: list[DataRow], seed: int = 0, expand_rate: float = 1.0)
 
 def corpus(num: int = 0, seed: int = 0) -> list[str]:
     from agent_r1.agent.chat import render_message, render_system
-    from agent_r1.tools import TOOLS as REGISTRY
+    from agent_r1.agent_tools import TOOLS as REGISTRY
 
     g = load_graph(None, seed)
     texts = [f"[{p.id}] {p.title}. {p.abstract}" for p in g.papers.values()]

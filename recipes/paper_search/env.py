@@ -21,8 +21,8 @@ from agent_r1.agent.env import ENVS
 from agent_r1.agent.flow import AGENTS, AgentEnvLoop, AgentSpec
 from agent_r1.agent.tool_env import ToolEnv
 from agent_r1.agent.types import Action, Observation, StepResult
+from agent_r1.agent_tools import ToolOutput
 from agent_r1.rewards import REWARDS, RewardResult
-from agent_r1.tools import ToolOutput
 from recipes.paper_search import tools as _tools  # noqa: F401  (registers paper_search, expand)
 from recipes.paper_search.data import AGENT, SYSTEM, TOOLS
 from recipes.paper_search.graph import load_graph

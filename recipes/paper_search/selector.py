@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from agent_r1.agent_tools.services import NO_SERVICES, Services
 from agent_r1.registry import Registry
-from agent_r1.tools.services import NO_SERVICES, Services
 
 JUDGE_PROMPT = (
     "Query: {query}\nPaper: {title}. {abstract}\nIs this paper relevant to the query? Answer Yes or No."

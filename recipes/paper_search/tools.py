@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent_r1.tools import TOOLS, BaseTool, ToolError, ToolOutput
-from agent_r1.tools.base import string_arguments
-from agent_r1.tools.search import Search
+from agent_r1.agent_tools import TOOLS, BaseTool, ToolError, ToolOutput
+from agent_r1.agent_tools.base import string_arguments
+from agent_r1.agent_tools.search import Search
 from recipes.paper_search.graph import load_graph
 
 

@@ -164,7 +164,7 @@ def _noisy_options(actions: list[str], shop: Any, rate: float, rng: random.Rando
 def corpus(num: int = 0, seed: int = 0) -> list[str]:
     """Tokenizer texts: pages, instructions and the oracle's actions of the catalogue."""
     from agent_r1.agent.chat import render_message, render_system
-    from agent_r1.tools import TOOLS as REGISTRY
+    from agent_r1.agent_tools import TOOLS as REGISTRY
 
     products, goals, _ = catalog(None, seed)
     shop = shop_for(None, seed, False)

@@ -22,9 +22,9 @@ from agent_r1.agent.env import ENVS
 from agent_r1.agent.flow import AGENTS, AgentEnvLoop, AgentSpec
 from agent_r1.agent.tool_env import ToolEnv
 from agent_r1.agent.types import Action, Observation, StepResult
-from agent_r1.tools import TOOLS, ToolError, ToolOutput
-from agent_r1.tools.env_step import EnvStepTool
-from agent_r1.tools.services import Services
+from agent_r1.agent_tools import TOOLS, ToolError, ToolOutput
+from agent_r1.agent_tools.env_step import EnvStepTool
+from agent_r1.agent_tools.services import Services
 from recipes.webshop.catalog import Goal
 from recipes.webshop.data import AGENT, PRODUCTS_PER_KIND, SYSTEM, shop_for
 from recipes.webshop.sessions import EnvServerError, LocalSession, RemoteSession

@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agent_r1.service import (
+from agent_r1.http_service import (
     BadRequest,
     api_key_middleware,
     describe,

@@ -1,5 +1,5 @@
 from agent_r1.agent.tool_calls import format_tool_call, format_tool_responses
-from agent_r1.tools import TOOLS
+from agent_r1.agent_tools import TOOLS
 
 TOOLS_SCHEMA = [TOOLS.get("calculator")().schema]
 MSGS = [

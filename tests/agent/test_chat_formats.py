@@ -13,7 +13,7 @@ from agent_r1.agent.chat import ChatCodec, HarmonyCodec, Llama3Codec, codec_for
 from agent_r1.agent.flow import AGENTS, FlowConfig
 from agent_r1.agent.tool_calls import MalformedCall, ToolCall, format_tool_call
 from agent_r1.agent.types import SamplingParams
-from agent_r1.tools import TOOLS
+from agent_r1.agent_tools import TOOLS
 from recipes import load_recipe
 
 CALC = TOOLS.get("calculator")().schema

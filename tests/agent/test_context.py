@@ -82,8 +82,8 @@ def test_summary_written_by_the_served_policy(codec, tiny_model_dir, tmp_path):
     from rollout_servers import ServerProc
     from transformers import AutoModelForCausalLM
 
+    from agent_r1.agent_tools.services import Services
     from agent_r1.rollout.served import ServedModel
-    from agent_r1.tools.services import Services
 
     h = _history(codec, n_pairs=5)
     old = h.turns[1:-2]

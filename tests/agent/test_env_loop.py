@@ -10,8 +10,8 @@ from agent_r1.agent.flow import AGENTS, AgentEnvLoop, FlowConfig, SingleStepFlow
 from agent_r1.agent.tool_calls import format_tool_call
 from agent_r1.agent.tool_env import ToolEnv
 from agent_r1.agent.types import Observation, SamplingParams, StepResult
+from agent_r1.agent_tools import TOOLS, BaseTool, ToolOutput
 from agent_r1.data.rows import DataRow
-from agent_r1.tools import TOOLS, BaseTool, ToolOutput
 
 
 class Sleepy(BaseTool):

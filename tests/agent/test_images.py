@@ -15,9 +15,9 @@ from agent_r1.agent.chat import ChatCodec
 from agent_r1.agent.env import ENVS, AgentEnv
 from agent_r1.agent.flow import AgentEnvLoop, FlowConfig, SingleStepFlow
 from agent_r1.agent.types import Observation, StepResult
+from agent_r1.agent_tools import TOOLS, BaseTool, ToolOutput
 from agent_r1.data.rows import DataRow
 from agent_r1.records.schema import records_from_table, records_to_table, table_images
-from agent_r1.tools import TOOLS, BaseTool, ToolOutput
 from agent_r1.vision.images import Image, ImageError, VisionSpec, load_image, smart_resize
 
 

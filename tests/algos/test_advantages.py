@@ -16,8 +16,8 @@ from agent_r1.algos.advantages import (
     TokenInputs,
     compute_advantages,
 )
-from agent_r1.algos.rewards import RewardError, RunningReturnStd
 from agent_r1.algos.segments import reverse_scan
+from agent_r1.algos.step_rewards import RewardError, RunningReturnStd
 from agent_r1.learner.step_inputs import to_step_inputs
 from agent_r1.records.synth import synth_table
 

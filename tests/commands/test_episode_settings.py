@@ -9,7 +9,7 @@ import pytest
 
 from agent_r1.agent.episode import GREEDY, EpisodeSettings, FlowConfig
 from agent_r1.cli import build_parser
-from agent_r1.commands.policy import episode_settings
+from agent_r1.commands.policy_source import episode_settings
 from agent_r1.train.config import TrainConfig, load_config
 
 COMMANDS = [

@@ -32,8 +32,8 @@ from train_checks import (
 @pytest.fixture(scope="module")
 def teacher_dir(tmp_path_factory, tiny_model_dir):
     """A second tiny model with the same tokenizer (same text, same vocab) and other weights."""
+    from agent_r1.agent_tools import TOOLS
     from agent_r1.models.tiny import build_tiny_model
-    from agent_r1.tools import TOOLS
     from recipes import load_recipe
 
     out = tmp_path_factory.mktemp("teacher") / "qwen3"

@@ -16,12 +16,12 @@ import psutil
 import pytest
 from scripted import ScriptedPolicy, play
 
-from agent_r1.agent.episodes import run_episodes
 from agent_r1.agent.flow import AgentSpec, FlowConfig
+from agent_r1.agent.run_episodes import run_episodes
 from agent_r1.agent.tool_calls import format_tool_call
-from agent_r1.gateway.flow import ExternalAgentFlow
+from agent_r1.agent_tools import TOOLS
+from agent_r1.gateway.program_flow import ExternalAgentFlow
 from agent_r1.rollout.protocol import SamplingParams
-from agent_r1.tools import TOOLS
 from recipes import load_recipe
 
 openai = pytest.importorskip("openai")

@@ -56,7 +56,7 @@ def ppo_setup(model_dir: str):
     and the optimizer settings."""
     from transformers import AutoConfig
 
-    from agent_r1.learner.cpu_compat import apply
+    from agent_r1.learner.backend.cpu_compat import apply
     from agent_r1.learner.optim import OptimConfig
 
     apply()
@@ -134,7 +134,8 @@ def forward_logprobs(model, packed, vocab_size: int, vision=None, chunk: int = 2
     only; the output layer projects only the rows before action tokens); None off the last stage."""
     from megatron.core import parallel_state as ps
 
-    from agent_r1.learner.policy import packed_forward, packed_logprobs
+    from agent_r1.learner.forward import packed_forward
+    from agent_r1.learner.logprobs import packed_logprobs
 
     got = {}
 
@@ -164,7 +165,8 @@ def schedule_logprobs(chunks, micro, vocab_size: int, num_tokens: int):
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from agent_r1.learner.policy import packed_forward, packed_logprobs
+    from agent_r1.learner.forward import packed_forward
+    from agent_r1.learner.logprobs import packed_logprobs
 
     out = torch.full((num_tokens,), float("nan"), dtype=torch.float64)
 

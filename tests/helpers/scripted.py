@@ -48,9 +48,9 @@ def play(codec: ChatCodec, row, script: list[str], services=None, **flow):
 def index_services(passages, out):
     """The services a run's episodes are given when its retriever is a local index of
     ``passages`` (built at ``out``)."""
+    from agent_r1.agent_tools.services import Services
     from agent_r1.retrieval.client import LocalRetriever, open_index
     from agent_r1.retrieval.index import build_index
-    from agent_r1.tools.services import Services
 
     build_index(passages, out)
     return Services(retriever=LocalRetriever(open_index(str(out))))

@@ -18,7 +18,7 @@ def teach_tool_call(tiny_model_dir: Path, out: Path) -> Path:
     from transformers import AutoModelForCausalLM
 
     from agent_r1.agent.chat import ChatCodec
-    from agent_r1.tools import TOOLS
+    from agent_r1.agent_tools import TOOLS
 
     shutil.copytree(tiny_model_dir, out)
     codec = ChatCodec.load(str(out))

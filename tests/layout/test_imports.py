@@ -107,13 +107,13 @@ ALLOWED = {
     "records": set(),
     "jsonfiles": set(),
     "checkpoint_names": set(),  # a model's tensors under its checkpoint's names (stacked experts)
-    "service": {"jsonfiles"},  # the HTTP service kit and the addresses services publish
+    "http_service": {"jsonfiles"},  # the HTTP service kit and the addresses services publish
     # every engine's entry (config, serving, API adapter, weight transport): data, read by any layer
     "engine_spec": set(),
     # the client side of generation: the protocol, the client, SGLang's wire, the router
-    "rollout": {"records", "process", "service", "engine_spec"},
+    "rollout": {"records", "process", "http_service", "engine_spec"},
     # the fifth stage: learner weights -> servers (sender, transports, the receiving routes)
-    "weights": {"rollout", "service", "engine_spec"},
+    "weights": {"rollout", "http_service", "engine_spec"},
     # the engines behind the protocol: the embedded engine's package, the upstream servers
     "engines": {
         "rollout",
@@ -121,21 +121,21 @@ ALLOWED = {
         "records",
         "process",
         "vision",
-        "service",
+        "http_service",
         "checkpoint_names",
         "cpus",
         "native",
         "engine_spec",
     },
-    "retrieval": {"jsonfiles", "service"},
-    "tools": {"registry", "retrieval", "vision", "forkserver"},
+    "retrieval": {"jsonfiles", "http_service"},
+    "agent_tools": {"registry", "retrieval", "vision", "forkserver"},
     "rewards": {"registry"},
     "data": {"records", "vision"},
-    "agent": {"rollout", "records", "data", "tools", "rewards", "registry", "vision"},
+    "agent": {"rollout", "records", "data", "agent_tools", "rewards", "registry", "vision"},
     "learner": {"algos", "records", "vision", "checkpoint_names", "cpus", "native"},
-    "serving": {"agent", "rollout", "engines", "vision", "service"},
+    "serving": {"agent", "rollout", "engines", "vision", "http_service"},
     # agent programs through an OpenAI-compatible endpoint: an agent flow built on the serving routes
-    "gateway": {"agent", "serving", "records", "data", "vision", "service", "forkserver"},
+    "gateway": {"agent", "serving", "records", "data", "vision", "http_service", "forkserver"},
 }
 
 
@@ -177,4 +177,78 @@ def test_the_five_stages_keep_to_their_rooms():
         for t in targets
         if m.count(".") and t.count(".") and t.split(".")[1] in forbidden.get(m.split(".")[1], ())
     ]
+    assert not bad, "\n".join(bad)
+
+
+def _code_mentions(path: Path, word: str) -> list[int]:
+    """Lines where ``word`` is in code (a name, an attribute, an import, a string that is not a
+    docstring), case-insensitively; comments and docstrings are prose and not counted."""
+    tree = ast.parse(path.read_text())
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
+    lines = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs:
+            text = n.value
+        elif isinstance(n, ast.Name):
+            text = n.id
+        elif isinstance(n, ast.Attribute | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            text = n.attr if isinstance(n, ast.Attribute) else n.name
+        elif isinstance(n, ast.ImportFrom):
+            text = n.module or ""
+        elif isinstance(n, ast.alias | ast.keyword | ast.arg):
+            text = (n.name if isinstance(n, ast.alias) else n.arg) or ""
+        else:
+            continue
+        if word in text.lower():
+            lines.append(n.lineno)
+    return sorted(set(lines))
+
+
+def test_code_mentions_finds_code_and_skips_prose(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text(
+        '"""vllm in a docstring."""\n# vllm in a comment\nx = "vllm"\nfrom a.vllm import b\nVLLMThing = 1\n'
+    )
+    assert _code_mentions(f, "vllm") == [3, 4, 5]
+
+
+def test_an_added_engine_lives_in_its_own_modules_its_config_and_the_registry():
+    """vLLM (the engine added beside the project's own): its name is in code only in its serving
+    module, its weight transport (trainer side; the receiving end inside vLLM and the plugin that
+    registers it, which loads in every vLLM process where the package's dependencies are absent, so
+    it stays a module of its own), its launch-flags slice of the config and the engine table."""
+    allowed = {
+        "agent_r1/engine_spec.py",
+        "agent_r1/engines/vllm.py",
+        "agent_r1/weights/vllm.py",
+        "agent_r1/weights/vllm_gloo.py",
+        "agent_r1/weights/vllm_plugin.py",
+        "agent_r1/train/config.py",
+    }
+    found = {str(p.relative_to(ROOT)) for p in PKG.rglob("*.py") if _code_mentions(p, "vllm")}
+    assert found <= allowed, sorted(found - allowed)
+
+
+def test_no_layer_dispatches_on_an_engines_name():
+    """Launching, training, the client and the weight sender read an engine's entry in
+    ``engine_spec``, never its name: no string equal to an engine's name in their code (the
+    engine's own modules name themselves; the config names its default)."""
+    from agent_r1.engine_spec import ENGINES
+
+    own = {"agent_r1/engine_spec.py", "agent_r1/train/config.py", "agent_r1/rollout/server_api.py"}
+    bad = []
+    for p in PKG.rglob("*.py"):
+        rel = str(p.relative_to(ROOT))
+        if rel in own or rel.startswith(("agent_r1/engines/", "agent_r1/weights/vllm")):
+            continue
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, ast.Constant) and n.value in ENGINES and n.value != "embedded":
+                bad.append(f"{rel}:{n.lineno}: {n.value!r}")
     assert not bad, "\n".join(bad)

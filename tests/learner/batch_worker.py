@@ -38,7 +38,7 @@ CONFIGS = {
 
 def learner(model_dir: str, overrides: list[str]):
     from agent_r1.train.config import load_config
-    from agent_r1.train.learner import Learner
+    from agent_r1.train.learner_rank import Learner
 
     cfg = load_config(
         [f"model.path={model_dir}", "model.build=null", "trainer.progress=false", "optim.micro_tokens=96",
@@ -84,7 +84,7 @@ def main() -> None:
     from megatron.core import parallel_state as ps
     from transformers import AutoConfig
 
-    from agent_r1.learner.cpu_compat import apply
+    from agent_r1.learner.backend.cpu_compat import apply
 
     apply()
     ps.initialize_model_parallel(1, 1)

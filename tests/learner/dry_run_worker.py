@@ -25,9 +25,9 @@ def real(overrides: list[str]) -> dict:
     from megatron.core import parallel_state as ps
 
     from agent_r1.launch.plan import StagePlan, measure_update, planned_config
-    from agent_r1.learner import cpu_compat
-    from agent_r1.learner.dry_run import MemoryTracker
-    from agent_r1.train.learner import Learner
+    from agent_r1.learner.backend import cpu_compat
+    from agent_r1.learner.backend.dry_run import MemoryTracker
+    from agent_r1.train.learner_rank import Learner
 
     cfg, hf_config, _ = planned_config(overrides)
     with socket.socket() as s:
@@ -48,8 +48,8 @@ def planted(overrides: list[str], what: str) -> dict:
 
     from agent_r1.algos import losses
     from agent_r1.launch.plan import plan_stage
-    from agent_r1.learner import actor
-    from agent_r1.train import learner
+    from agent_r1.learner import actor_steps
+    from agent_r1.train import learner_rank as learner
 
     if what == "plant_cpu_tensor":
         inner = losses.policy_loss
@@ -58,7 +58,7 @@ def planted(overrides: list[str], what: str) -> dict:
             loss, m = inner(name, x, cfg, denom=denom)
             return loss + (x.logprobs * torch.ones(x.logprobs.shape)).sum(), m
 
-        actor.policy_loss = policy_loss
+        actor_steps.policy_loss = policy_loss
     elif what == "plant_world_gather":
 
         def gather_hf_weights(self):  # every rank's stage gathered to rank 0 over the whole world
@@ -84,7 +84,7 @@ def main() -> None:
         else:
             result = planted(overrides, mode)
     except Exception as e:
-        from agent_r1.learner.dry_run import describe, where
+        from agent_r1.learner.backend.dry_run import describe, where
 
         result = {"error": describe(e), "where": where(e)}
     with open(out, "w") as f:

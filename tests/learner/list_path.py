@@ -129,7 +129,7 @@ def _logprobs(actor, mb: Packed, logits: torch.Tensor):
     """From the logits at every stream position (the old path projected all of them)."""
     from megatron.core import parallel_state as ps
 
-    from agent_r1.learner.policy import packed_logprobs
+    from agent_r1.learner.logprobs import packed_logprobs
 
     p = mb.label_pos
     v0 = ps.get_tensor_model_parallel_rank() * logits.shape[-1]

@@ -11,7 +11,8 @@ def main() -> None:
     import megatron.core  # noqa: F401
     from megatron.core import parallel_state as ps
 
-    from agent_r1.learner.actor import Actor, PolicyTargets
+    from agent_r1.learner.actor import Actor
+    from agent_r1.learner.actor_steps import PolicyTargets
     from megatron_bridge import BridgeConfig
 
     batch, micro, adv, optim = ppo_setup(model_dir)

@@ -21,7 +21,7 @@ def main() -> None:
     from transformers import AutoConfig
 
     from agent_r1.learner.actor import Actor
-    from agent_r1.learner.cpu_compat import apply
+    from agent_r1.learner.backend.cpu_compat import apply
     from agent_r1.learner.critic import Critic
     from agent_r1.learner.optim import OptimConfig
     from megatron_bridge import BridgeConfig

@@ -11,8 +11,9 @@ def main() -> None:
     init_rank(rank, world, port)
     from megatron.core import parallel_state as ps
 
-    from agent_r1.learner import main_grad
-    from agent_r1.learner.actor import Actor, PolicyTargets
+    from agent_r1.learner.actor import Actor
+    from agent_r1.learner.actor_steps import PolicyTargets
+    from agent_r1.learner.backend import main_grad
     from megatron_bridge import BridgeConfig
 
     batch, micro, adv, optim = ppo_setup(model_dir)

@@ -46,7 +46,8 @@ def grad_diff(model, packed, vocab: int, w, ref: dict, world: int) -> float:
     the tokens: the router's and experts' gradients are the sum over the TP ranks)."""
     from megatron.core import parallel_state as ps
 
-    from agent_r1.learner.policy import packed_forward, packed_logprobs
+    from agent_r1.learner.forward import packed_forward
+    from agent_r1.learner.logprobs import packed_logprobs
 
     model.zero_grad()
     logits = packed_forward(model, packed, packed.label_pos - 1)
@@ -102,7 +103,7 @@ def main() -> None:
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
-    from agent_r1.learner.cpu_compat import apply
+    from agent_r1.learner.backend.cpu_compat import apply
     from megatron_bridge import BridgeConfig, build_gpt_chunks, export_hf_weights, load_hf_weights
 
     apply()

@@ -32,16 +32,12 @@ def main() -> None:
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
-    from agent_r1.learner.activation import install_fused_swiglu
-    from agent_r1.learner.cpu_compat import apply
-    from agent_r1.learner.policy import (
-        install_packed_attention,
-        install_packed_rotary,
-        packed_forward,
-        packed_logprobs,
-        vocab_parallel_logprob_entropy,
-    )
-    from agent_r1.learner.rope import install_fused_rope
+    from agent_r1.learner.attention import install_packed_attention
+    from agent_r1.learner.backend.activation import install_fused_swiglu
+    from agent_r1.learner.backend.cpu_compat import apply
+    from agent_r1.learner.backend.rope import install_fused_rope
+    from agent_r1.learner.forward import install_packed_rotary, packed_forward
+    from agent_r1.learner.logprobs import packed_logprobs, vocab_parallel_logprob_entropy
 
     apply()
     cfg = AutoConfig.from_pretrained(model_dir)

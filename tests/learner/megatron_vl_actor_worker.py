@@ -89,8 +89,9 @@ def main() -> None:
     import megatron.core  # noqa: F401
     from megatron.core import parallel_state as ps
 
-    from agent_r1.learner.actor import Actor, PolicyTargets
-    from agent_r1.learner.cpu_compat import apply
+    from agent_r1.learner.actor import Actor
+    from agent_r1.learner.actor_steps import PolicyTargets
+    from agent_r1.learner.backend.cpu_compat import apply
     from agent_r1.learner.optim import OptimConfig
     from megatron_bridge import BridgeConfig
 

@@ -97,8 +97,9 @@ def main() -> None:
     from megatron.core import parallel_state as ps
     from safetensors.torch import load_file
 
-    from agent_r1.learner.cpu_compat import apply
-    from agent_r1.learner.policy import install_packed_rotary, packed_forward, packed_logprobs
+    from agent_r1.learner.backend.cpu_compat import apply
+    from agent_r1.learner.forward import install_packed_rotary, packed_forward
+    from agent_r1.learner.logprobs import packed_logprobs
     from agent_r1.learner.vision import VisionEncoder
     from megatron_bridge import BridgeConfig, build_gpt_model, export_hf_weights, load_hf_weights
 

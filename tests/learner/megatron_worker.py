@@ -35,7 +35,7 @@ def main() -> None:
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
-    from agent_r1.learner.cpu_compat import apply
+    from agent_r1.learner.backend.cpu_compat import apply
     from megatron_bridge import BridgeConfig, build_gpt_model, export_hf_weights, load_hf_weights
 
     apply()

@@ -7,7 +7,7 @@ import sys
 _STEPS = """
 import json, os, resource, sys, torch
 if sys.argv[1] == "keep":
-    from agent_r1.learner.device import keep_freed_host_memory
+    from agent_r1.learner.backend import keep_freed_host_memory
     assert keep_freed_host_memory()
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -51,8 +51,7 @@ SCALE = r"""
 import json, resource, torch
 from megatron.core import utils as mutils
 from megatron.core.optimizer import clip_grads, optimizer
-from agent_r1.learner import cpu_compat
-
+from agent_r1.learner.backend import cpu_compat
 assert clip_grads.multi_tensor_scale_impl is mutils.local_multi_tensor_scale  # no TE, no apex here
 cpu_compat.apply()
 out = {"installed": [m.multi_tensor_scale_impl is cpu_compat._scale_into for m in (clip_grads, optimizer)]}

@@ -54,7 +54,7 @@ def test_packed_logprobs_refuses_a_temperature_that_is_not_positive_and_finite(t
     (rollout.protocol.logprob_temperature), never 0."""
     import torch
 
-    from agent_r1.learner.policy import packed_logprobs
+    from agent_r1.learner.logprobs import packed_logprobs
 
     with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
         packed_logprobs(torch.zeros(2, 5), torch.tensor([0, 1]), temperature=temp)
@@ -86,7 +86,7 @@ def test_bucketed_attention_equals_per_sequence_causal_attention_with_gradients(
     first row repeated) leak nothing forward or backward. Grouped-query heads, as SmolLM2."""
     from types import SimpleNamespace
 
-    from agent_r1.learner.policy import AttentionPlan, PackedAttention
+    from agent_r1.learner.attention import AttentionPlan, PackedAttention
 
     g = torch.Generator().manual_seed(0)
     bounds, a = _bounds([7, 6, 2, 5, 1])
@@ -119,10 +119,10 @@ def test_bf16_bucketed_attention_matches_float64_on_either_kernel(max_len, monke
     each sequence alone."""
     from types import SimpleNamespace
 
-    from agent_r1.learner import policy
-    from agent_r1.learner.policy import AttentionPlan, PackedAttention
+    from agent_r1.learner import attention
+    from agent_r1.learner.attention import AttentionPlan, PackedAttention
 
-    monkeypatch.setattr(policy, "MATMUL_ATTENTION_MAX_LEN", max_len)
+    monkeypatch.setattr(attention, "MATMUL_ATTENTION_MAX_LEN", max_len)
     g = torch.Generator().manual_seed(1)
     bounds, a = _bounds([9, 8, 3, 6, 1, 5])
     heads, groups, hn = 6, 2, 16
@@ -148,7 +148,7 @@ def test_bf16_bucketed_attention_matches_float64_on_either_kernel(max_len, monke
 def test_matmul_causal_attention_equals_sdpa_in_float64():
     """The matmul kernel itself, exact arithmetic: grouped-query heads stacked per group, the
     causal -inf and the scale in one baddbmm give SDPA's outputs and gradients (float64)."""
-    from agent_r1.learner.policy import matmul_causal_attention
+    from agent_r1.learner.attention import matmul_causal_attention
 
     g = torch.Generator().manual_seed(2)
     nb, L, heads, groups, hn = 3, 7, 6, 2, 4
@@ -171,9 +171,9 @@ def test_the_native_causal_softmax_matches_float64_sdpa(dtype, monkeypatch):
     causal columns, the scale inside): outputs and gradients against float64 SDPA within float32
     rounding or a bf16 rounding, and no worse than the baddbmm + softmax path it replaces (a scale
     that is not a power of two, an odd length, grouped-query heads)."""
-    from agent_r1.learner import policy
+    from agent_r1.learner import attention
 
-    assert policy._causal_softmax_kernels(dtype) is not None
+    assert attention._causal_softmax_kernels(dtype) is not None
     g = torch.Generator().manual_seed(3)
     nb, L, heads, groups, hn = 3, 37, 6, 2, 16
     x64 = [torch.randn(nb, L, h, hn, generator=g, dtype=torch.float64) for h in (heads, groups, groups)]
@@ -185,7 +185,7 @@ def test_the_native_causal_softmax_matches_float64_sdpa(dtype, monkeypatch):
 
     def run():
         q, k, v = (x.to(dtype).requires_grad_(True) for x in x64)
-        out = policy.matmul_causal_attention(q, k, v, 0.3)
+        out = attention.matmul_causal_attention(q, k, v, 0.3)
         (out * w.to(dtype)).sum().backward()
         return [out.detach(), q.grad, k.grad, v.grad]
 
@@ -193,7 +193,7 @@ def test_the_native_causal_softmax_matches_float64_sdpa(dtype, monkeypatch):
         return [((a.double() - b).abs().max() / b.abs().max()).item() for a, b in zip(got, want, strict=True)]
 
     native = errors(run())
-    monkeypatch.setattr(policy, "_causal_softmax_kernels", lambda dtype: None)
+    monkeypatch.setattr(attention, "_causal_softmax_kernels", lambda dtype: None)
     plain = errors(run())
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     for name, e, p in zip(("out", "dq", "dk", "dv"), native, plain, strict=True):
@@ -206,23 +206,23 @@ def test_the_native_logprob_kernel_equals_the_pytorch_path(dtype, monkeypatch):
     entropies and the logits' gradients (from both outputs, and from the logprob alone) are those
     of the PyTorch path (which the Megatron workers check against autograd on the full softmax),
     for a TP rank's slice with padding columns, a temperature, and targets outside the slice."""
-    from agent_r1.learner import policy
+    from agent_r1.learner import logprobs
 
     g = torch.Generator().manual_seed(0)
     logits = (torch.randn(37, 100, generator=g) * 4).to(dtype)
     targets = torch.randint(0, 140, (37,), generator=g)  # the slice holds ids 50..149, real up to 139
     start, size, temp = 50, 140, 0.7
     w_lp, w_ent = torch.randn(37, generator=g), torch.randn(37, generator=g)
-    assert policy._LogprobKernel.of(logits, temp, start, size) is not None
+    assert logprobs._LogprobKernel.of(logits, temp, start, size) is not None
 
     def run(with_entropy: bool):
         x = logits.clone().requires_grad_(True)
-        lp, ent = policy.vocab_parallel_logprob_entropy(x, targets, start, None, size, temp)
+        lp, ent = logprobs.vocab_parallel_logprob_entropy(x, targets, start, None, size, temp)
         ((lp * w_lp).sum() + ((ent * w_ent).sum() if with_entropy else 0)).backward()
         return lp.detach(), ent.detach(), x.grad
 
     native = [run(True), run(False)]
-    monkeypatch.setattr(policy._LogprobKernel, "of", classmethod(lambda cls, *a: None))
+    monkeypatch.setattr(logprobs._LogprobKernel, "of", classmethod(lambda cls, *a: None))
     ref = [run(True), run(False)]
     for got, want in zip(native, ref, strict=True):
         torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)

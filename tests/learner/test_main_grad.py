@@ -1,5 +1,5 @@
 """A bf16 learner's gradients go into Megatron-Core's float32 main gradients through the native
-add (``agent_r1.learner.main_grad``): the same sums as upstream's ``main_grad.add_``."""
+add (``agent_r1.learner.backend.main_grad``): the same sums as upstream's ``main_grad.add_``."""
 
 import json
 from pathlib import Path
@@ -12,7 +12,7 @@ WORKER = Path(__file__).with_name("megatron_main_grad_worker.py")
 
 
 def test_the_native_add_equals_pytorchs_bit_for_bit():
-    from agent_r1.learner.main_grad import accumulate
+    from agent_r1.learner.backend.main_grad import accumulate
 
     g = torch.Generator().manual_seed(0)
     main = torch.randn(1000, 37, generator=g) * 1e-3
@@ -33,7 +33,7 @@ def test_the_native_add_equals_pytorchs_bit_for_bit():
     ],
 )
 def test_elsewhere_it_leaves_the_add_to_the_caller(main, grad):
-    from agent_r1.learner.main_grad import accumulate
+    from agent_r1.learner.backend.main_grad import accumulate
 
     before = main.clone()
     assert not accumulate(main, grad)

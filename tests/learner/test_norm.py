@@ -13,7 +13,7 @@ def test_fused_rms_norm_gradients_match_float64_autograd(dtype, wdtype):
     input, a non-unit weight; bf16 activations with a bf16 weight, or a float32 one as Megatron's
     torch norms keep in a bf16 model) against float64 autograd of the same norm: within float32
     rounding, or one bf16 rounding. And no worse than PyTorch's own path."""
-    from agent_r1.learner.norm import install_fused_rms_norm
+    from agent_r1.learner.backend.norm import install_fused_rms_norm
 
     g = torch.Generator().manual_seed(0)
     norm = torch.nn.RMSNorm(96, eps=1e-5).to(wdtype)
@@ -50,7 +50,7 @@ def test_fused_rms_norm_gradients_match_float64_autograd(dtype, wdtype):
 def test_only_cpu_rms_norms_over_the_last_dim_with_a_weight_are_routed():
     """The routing skips norms without a weight, over several dimensions, or of another kind:
     those compute exactly as before; the routed one within float32 rounding of it."""
-    from agent_r1.learner.norm import install_fused_rms_norm
+    from agent_r1.learner.backend.norm import install_fused_rms_norm
 
     norms = torch.nn.ModuleList(
         [torch.nn.RMSNorm(8), torch.nn.RMSNorm(8, elementwise_affine=False), torch.nn.LayerNorm(8),
@@ -64,22 +64,19 @@ def test_only_cpu_rms_norms_over_the_last_dim_with_a_weight_are_routed():
         torch.testing.assert_close(a, b, rtol=1e-6 if i == 0 else 0, atol=1e-6 if i == 0 else 0)
 
 
-def test_a_gpu_plans_dry_run_still_reaches_the_class_forward(monkeypatch):
-    """A dry run that plans a GPU's kernels replaces ``torch.nn.RMSNorm.forward`` (with what
-    Transformer Engine's fused norm keeps): a routed norm on meta tensors must land there, not on
-    its own path (the GPU presets' plans otherwise count PyTorch's composite norm and no longer fit).
-    A dry run of a CPU learner keeps the routed path."""
-    from agent_r1.learner import dry_run
-    from agent_r1.learner.norm import install_fused_rms_norm
+def test_a_cpu_learners_dry_run_keeps_the_routed_path(monkeypatch):
+    """A dry run of a CPU learner (meta tensors) keeps the routed norm's path, so its accounting
+    keeps what ``_RMSNorm`` keeps; an unrouted norm reaches the class's forward (where a dry run
+    planning a GPU puts Transformer Engine's fused norm: such a plan never routes norms in,
+    ``packed_forward``'s ``fused_plan``)."""
+    from agent_r1.learner.backend.norm import install_fused_rms_norm
 
     calls = []
     monkeypatch.setattr(torch.nn.RMSNorm, "forward", lambda norm, x: calls.append(x.shape) or x * 1)
+    x = torch.empty(4, 16, device="meta", requires_grad=True)
+    torch.nn.RMSNorm(16, device="meta")(x)
+    assert calls == [(4, 16)]
     norm = torch.nn.RMSNorm(16, device="meta")
     assert install_fused_rms_norm(norm) == 1
-    x = torch.empty(4, 16, device="meta", requires_grad=True)
-    monkeypatch.setattr(dry_run, "fused", lambda: True)
-    norm(x)
-    assert calls == [(4, 16)]
-    monkeypatch.setattr(dry_run, "fused", lambda: False)
     y = norm(x)
     assert calls == [(4, 16)] and y.grad_fn is not None and type(y.grad_fn).__name__ == "_RMSNormBackward"

@@ -1,4 +1,4 @@
-"""The CPU learner's rotary embedding (``agent_r1.learner.rope``): the native forward and backward."""
+"""The CPU learner's rotary embedding (``agent_r1.learner.backend.rope``): the native forward and backward."""
 
 import pytest
 import torch
@@ -26,7 +26,7 @@ def test_native_rope_matches_float64_and_megatrons_unfused_rope(dtype, rot):
     (the kernel rounds each product and the sum where PyTorch's ops round them)."""
     from megatron.core.models.common.embeddings import rope_utils
 
-    from agent_r1.learner.rope import _kernel, fused_rope
+    from agent_r1.learner.backend.rope import _kernel, fused_rope
 
     assert _kernel(dtype) is not None
     g = torch.Generator().manual_seed(0)
@@ -60,7 +60,7 @@ def test_what_the_kernel_does_not_cover_takes_megatrons_unfused_rope():
     """Interleaved pairs and angles per batch row are Megatron's unfused function's, exactly."""
     from megatron.core.models.common.embeddings import rope_utils
 
-    from agent_r1.learner.rope import fused_rope
+    from agent_r1.learner.backend.rope import fused_rope
 
     g = torch.Generator().manual_seed(1)
     t = torch.randn(9, 2, 3, 8, generator=g)
@@ -70,17 +70,15 @@ def test_what_the_kernel_does_not_cover_takes_megatrons_unfused_rope():
         torch.testing.assert_close(fused_rope(t, f, interleaved=interleaved), want, rtol=0, atol=0)
 
 
-def test_a_gpu_plans_dry_run_takes_megatrons_unfused_rope(monkeypatch):
-    """On meta tensors a dry run of a CPU learner keeps what the native Function keeps (its
-    backward node); one that plans a GPU's kernels runs Megatron's unfused function."""
-    from agent_r1.learner import dry_run
-    from agent_r1.learner.rope import fused_rope
+def test_a_cpu_learners_dry_run_keeps_what_the_native_function_keeps():
+    """On meta tensors (a dry run of a CPU learner) the routed rotary embedding keeps what the
+    native Function keeps (its backward node); interleaved pairs take Megatron's unfused function.
+    (A plan of a GPU's kernels never routes it in: ``packed_forward``'s ``fused_plan``.)"""
+    from agent_r1.learner.backend.rope import fused_rope
 
     t = torch.empty(5, 1, 3, 8, device="meta", requires_grad=True)
     freqs = torch.empty(5, 1, 1, 8, device="meta")
-    monkeypatch.setattr(dry_run, "fused", lambda: False)
     y = fused_rope(t, freqs)
     assert y.shape == t.shape and type(y.grad_fn).__name__ == "_RopeBackward"
-    monkeypatch.setattr(dry_run, "fused", lambda: True)
-    y = fused_rope(t, freqs)
+    y = fused_rope(t, freqs, interleaved=True)
     assert y.shape == t.shape and type(y.grad_fn).__name__ != "_RopeBackward"

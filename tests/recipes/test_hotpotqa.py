@@ -250,7 +250,7 @@ def test_rewrite_observation_forced_search_and_concurrent_calls(codec, world_ret
 
 
 def TOOLS_SCHEMA():
-    from agent_r1.tools import TOOLS
+    from agent_r1.agent_tools import TOOLS
 
     return TOOLS.get("search")().schema
 

@@ -10,7 +10,7 @@ import pytest
 from scripted import index_services, play
 
 from agent_r1.agent.tool_calls import format_tool_call
-from agent_r1.tools.services import Services
+from agent_r1.agent_tools.services import Services
 from recipes import load_recipe
 from recipes.paper_search.graph import GraphError, load_graph, read_graph
 from recipes.paper_search.selector import SELECTORS

@@ -6,10 +6,10 @@ import pytest
 from scripted import ScriptedPolicy
 
 from agent_r1.agent.flow import AGENTS, FlowConfig
+from agent_r1.agent_tools import TOOLS
+from agent_r1.agent_tools.calculator import evaluate
 from agent_r1.data.rows import RowError
 from agent_r1.rewards import REWARDS
-from agent_r1.tools import TOOLS
-from agent_r1.tools.calculator import evaluate
 from recipes import RECIPES, load_recipe
 
 

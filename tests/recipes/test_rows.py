@@ -76,7 +76,7 @@ def test_context_mode_selectable_from_config(codec):
     from agent_r1.agent.tool_calls import format_tool_call
     from agent_r1.agent.types import SamplingParams
     from agent_r1.train.config import load_config
-    from agent_r1.train.rows import split_rows
+    from agent_r1.train.splits import split_rows
 
     cfg = load_config(
         ["recipe=gsm8k_tool", "+recipe.env.context=summarize", "+recipe.env.context_kwargs.max_tokens=400"]

@@ -11,8 +11,8 @@ from scripted import ScriptedPolicy
 
 from agent_r1.agent.flow import AGENTS, FlowConfig
 from agent_r1.agent.tool_calls import format_tool_call
+from agent_r1.agent_tools.sandbox import isolation
 from agent_r1.rewards import compute_reward
-from agent_r1.tools.sandbox import isolation
 from recipes import load_recipe
 
 data = load_recipe("table_qa").data

@@ -10,7 +10,7 @@ from scripted import ScriptedPolicy
 
 from agent_r1.agent.chat import ChatCodec
 from agent_r1.agent.flow import AGENTS, FlowConfig
-from agent_r1.tools.calculator import evaluate
+from agent_r1.agent_tools.calculator import evaluate
 from agent_r1.vision.images import load_image
 from recipes import load_recipe
 

@@ -5,9 +5,10 @@ import sys
 import numpy as np
 import pyarrow.compute as pc
 
+from agent_r1.records.ragged import ragged_arange
 from agent_r1.records.reader import RecordStore
 from agent_r1.records.schema import records_from_table
-from agent_r1.records.synth import ragged_arange, synth_table
+from agent_r1.records.synth import synth_table
 
 
 def cli(*args):

@@ -167,8 +167,8 @@ def test_json_records_from_lines_or_a_list_name_where_they_are(tmp_path):
 def test_search_output_is_search_r1s_passages2string():
     """Search-R1 (search_r1/llm_agent/generation.py ``_passages2string``): the first line of each
     document's ``contents`` is the title, quotes and all; every document ends with a newline."""
+    from agent_r1.agent_tools.search import format_hits
     from agent_r1.retrieval.index import Hit
-    from agent_r1.tools.search import format_hits
 
     hits = [Hit("1", "Ed Wood", "Edward Davis Wood Jr. was an American filmmaker.", 2.0),
             Hit("2", "Tyler Bates", "A composer.\nHe scored films.", 1.0)]  # fmt: skip

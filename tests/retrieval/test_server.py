@@ -13,9 +13,9 @@ import urllib.request
 
 import pytest
 
+from agent_r1.agent_tools import TOOLS, ToolError
+from agent_r1.agent_tools.services import Services
 from agent_r1.retrieval.client import HttpRetriever, LocalRetriever, RetrievalError, open_index
-from agent_r1.tools import TOOLS, ToolError
-from agent_r1.tools.services import Services
 
 CLI = [sys.executable, "-m", "agent_r1.cli"]
 KEY = "s3cret"

@@ -12,9 +12,9 @@ from vision import image_bytes
 
 from agent_r1.agent.chat import ChatCodec
 from agent_r1.engines.embedded.engine import Engine
+from agent_r1.http_service import BadRequest
 from agent_r1.rollout.client import RolloutClient
 from agent_r1.rollout.protocol import SamplingParams
-from agent_r1.service import BadRequest
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from agent_r1.engines.embedded.engine import Engine
-from agent_r1.service import BadRequest
+from agent_r1.http_service import BadRequest
 
 
 @pytest.fixture(scope="module")

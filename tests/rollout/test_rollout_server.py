@@ -13,11 +13,11 @@ import torch
 from rollout_servers import RouterProc, ServerProc, http
 from scripted import ScriptedPolicy  # noqa: F401  (keeps test helpers importable together)
 
-from agent_r1.agent.episodes import run_episodes
 from agent_r1.agent.flow import AGENTS, FlowConfig
+from agent_r1.agent.run_episodes import run_episodes
+from agent_r1.http_service import published_urls
 from agent_r1.rollout.client import RequestRejected, RolloutClient, RolloutError
 from agent_r1.rollout.protocol import FinishReason, SamplingParams
-from agent_r1.service import published_urls
 from agent_r1.weights.disk import push_weights_from_disk
 from agent_r1.weights.sglang import WeightUpdateGroup
 from agent_r1.weights.transport import WeightSyncError

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from agent_r1.agent_tools.services import Services
 from agent_r1.rollout.served import ServedModel, helper_models, run_models
-from agent_r1.tools.services import Services
 from agent_r1.train.config import load_config
 from agent_r1.train.run_dir import RunDir
 

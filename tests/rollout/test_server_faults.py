@@ -11,7 +11,7 @@ import pytest
 from rollout_servers import ServerProc, http
 
 from agent_r1.engines.embedded.engine import Engine
-from agent_r1.service import dumps, http_request
+from agent_r1.http_service import dumps, http_request
 
 POISON = 77  # a token id the sabotaged engine below cannot process
 

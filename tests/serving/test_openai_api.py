@@ -14,8 +14,8 @@ from tool_model import ASK, CALL_TEXT
 
 from agent_r1.agent.chat import ChatCodec
 from agent_r1.agent.tool_calls import format_tool_call, format_tool_responses
+from agent_r1.agent_tools import TOOLS
 from agent_r1.serving.openai_api import render_messages
-from agent_r1.tools import TOOLS
 
 openai = pytest.importorskip("openai")
 

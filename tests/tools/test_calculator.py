@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_r1.tools import TOOLS, ToolError
-from agent_r1.tools.calculator import evaluate, format_number
+from agent_r1.agent_tools import TOOLS, ToolError
+from agent_r1.agent_tools.calculator import evaluate, format_number
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent_r1.tools import TOOLS
-from agent_r1.tools.sandbox import Limits, Sandbox, isolation
+from agent_r1.agent_tools import TOOLS
+from agent_r1.agent_tools.sandbox import Limits, Sandbox, isolation
 
 LIMITS = Limits(wall_s=4, cpu_s=2, memory_mb=1024, file_mb=4, processes=8, output_chars=300)
 
@@ -128,7 +128,7 @@ def test_many_runs_at_once_from_a_bounded_pool():
 
 
 def test_the_python_tool_answers_every_failure_as_an_error_observation():
-    from agent_r1.tools.base import ToolError
+    from agent_r1.agent_tools.base import ToolError
 
     tool = TOOLS.get("python")(wall_s=4, cpu_s=2, files={"t.csv": "a\n1\n2\n"})
     out = asyncio.run(tool.execute({"code": "import pandas as pd; print(pd.read_csv('t.csv').a.sum())"}))

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from agent_r1.tools.services import Services
+from agent_r1.agent_tools.services import Services
 from agent_r1.train.config import load_config
 from agent_r1.train.env_server import run_env_server
 from agent_r1.train.run_dir import RunDir

@@ -11,7 +11,7 @@ import pytest
 
 from agent_r1.data.rows import RowError, write_rows
 from agent_r1.train.config import load_config
-from agent_r1.train.rows import shared_file_problems, split_rows
+from agent_r1.train.splits import shared_file_problems, split_rows
 from recipes import RECIPES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from agent_r1.agent.chat import ChatCodec
-from agent_r1.agent.episodes import run_episodes
 from agent_r1.agent.flow import FlowConfig
+from agent_r1.agent.run_episodes import run_episodes
 from agent_r1.agent.tool_calls import format_tool_call
 from agent_r1.rollout.protocol import Completion, FinishReason, SamplingParams
 from recipes import load_recipe

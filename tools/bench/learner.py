@@ -105,10 +105,10 @@ def update_worker(a: argparse.Namespace) -> None:
     _init(a.threads)
     from megatron.core import parallel_state as ps
 
-    from agent_r1.learner.cpu_compat import apply
+    from agent_r1.learner.backend.cpu_compat import apply
     from agent_r1.records.synth import synth_table
     from agent_r1.train.config import load_config
-    from agent_r1.train.learner import Learner
+    from agent_r1.train.learner_rank import Learner
 
     apply()
     ps.initialize_model_parallel(1, 1)
@@ -333,8 +333,8 @@ def _merge_setup(a, tp: int, d: str):
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
+    from agent_r1.learner.backend.cpu_compat import apply
     from agent_r1.learner.batch import LearnerBatch
-    from agent_r1.learner.cpu_compat import apply
     from agent_r1.records.synth import synth_table
     from megatron_bridge import BridgeConfig, build_gpt_model, load_hf_weights
 
@@ -350,7 +350,8 @@ def _merge_setup(a, tp: int, d: str):
 
 
 def _merged_step(model, cfg, micro, n_labels, group=None, rank=0) -> float:
-    from agent_r1.learner.policy import packed_forward, packed_logprobs
+    from agent_r1.learner.forward import packed_forward
+    from agent_r1.learner.logprobs import packed_logprobs
 
     model.zero_grad(set_to_none=True)
     total = 0.0

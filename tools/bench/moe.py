@@ -50,9 +50,10 @@ def worker(rank: int, port: str, model: str, ep: int, repeat: int, out: str) -> 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     from megatron.core import parallel_state as ps
 
-    from agent_r1.learner.actor import Actor, PolicyTargets
+    from agent_r1.learner.actor import Actor
+    from agent_r1.learner.actor_steps import PolicyTargets
+    from agent_r1.learner.backend.cpu_compat import apply
     from agent_r1.learner.batch import LearnerBatch
-    from agent_r1.learner.cpu_compat import apply
     from agent_r1.learner.optim import OptimConfig
     from agent_r1.records.synth import synth_table
     from megatron_bridge import BridgeConfig

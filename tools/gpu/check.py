@@ -152,7 +152,8 @@ def bridge_parity_bf16(c: Ctx) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from agent_r1.learner.batch import LearnerBatch
-    from agent_r1.learner.policy import packed_forward, packed_logprobs
+    from agent_r1.learner.forward import packed_forward
+    from agent_r1.learner.logprobs import packed_logprobs
     from megatron_bridge import BridgeConfig, build_gpt_model, load_hf_weights
 
     cfg = AutoConfig.from_pretrained(c.model_dir)
@@ -201,7 +202,7 @@ def learner_update(c: Ctx) -> dict:
     from transformers import AutoModelForCausalLM
 
     from agent_r1.train.config import load_config
-    from agent_r1.train.learner import Learner
+    from agent_r1.train.learner_rank import Learner
 
     cfg = load_config(
         [f"model.path={c.model_dir}", "model.build=null", f"model.dtype={c.dtype}", "trainer.progress=false",
@@ -277,7 +278,7 @@ def plan_vs_gpu(c: Ctx) -> dict:
         return {"ok": True, "skipped": "needs a GPU (the dry run itself is tested on the CPU)"}
     from agent_r1.launch.plan import StagePlan, measure_update
     from agent_r1.train.config import load_config
-    from agent_r1.train.learner import Learner
+    from agent_r1.train.learner_rank import Learner
 
     overrides = [f"model.path={c.model_dir}", "model.build=null", f"model.dtype={c.dtype}", *PLAN_OVERRIDES]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
@@ -319,7 +320,7 @@ def fp8_update(c: Ctx) -> dict:
     except (ImportError, RuntimeError) as e:
         return {"ok": True, "skipped": f"Transformer Engine is not installed here ({type(e).__name__}: {e})"}
     from agent_r1.train.config import load_config
-    from agent_r1.train.learner import Learner
+    from agent_r1.train.learner_rank import Learner
 
     cfg = load_config(
         [f"model.path={c.model_dir}", "model.build=null", "model.dtype=bfloat16", "model.precision=fp8",
@@ -596,7 +597,8 @@ def moe_update(c: Ctx) -> dict:
     from transformers import AutoModelForCausalLM
 
     from agent_r1.engines.embedded.engine import Engine
-    from agent_r1.learner.actor import Actor, PolicyTargets
+    from agent_r1.learner.actor import Actor
+    from agent_r1.learner.actor_steps import PolicyTargets
     from agent_r1.learner.batch import LearnerBatch
     from agent_r1.learner.optim import OptimConfig
     from agent_r1.models.tiny import build_tiny_model
@@ -658,7 +660,7 @@ def main() -> None:
     if a.cpu:
         from transformers import AutoModelForCausalLM
 
-        from agent_r1.learner.cpu_compat import apply
+        from agent_r1.learner.backend.cpu_compat import apply
 
         # an HF model loaded for the first time after Megatron's CPU patches gets wrong rotary
         # buffers (see tests/learner/megatron_worker.py); one load before them avoids it

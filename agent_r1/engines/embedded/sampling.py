@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from agent_r1 import native
+from agent_r1.http_service import BadRequest
 from agent_r1.rollout.protocol import GREEDY_BELOW
-from agent_r1.service import BadRequest
 
 SEED_LIMIT = (1 << 63) - 128  # seed + sample index (n <= 128) still seeds a torch.Generator
 

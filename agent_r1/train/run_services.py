@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent_r1.tools.services import Services
+from agent_r1.agent_tools.services import Services
 
 
 def run_services(cfg: Any, rd: Any, pending: bool = False) -> Services:

@@ -70,14 +70,13 @@ def _cos_sin(freqs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, tor
 def fused_rope(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False, **_: Any) -> torch.Tensor:
     """Megatron's ``fused_apply_rotary_pos_emb(t, freqs, interleaved=...)``: t (s, b, heads, d),
     freqs (s, 1, 1, rot) angles. The native kernel on a CPU (meta tensors alike in a dry run of a
-    CPU learner); Megatron's unfused function for anything else (another device, a dry run planning
-    a GPU, interleaved pairs, angles per batch row, a dtype without a kernel)."""
-    from agent_r1.learner import dry_run
-
+    CPU learner); Megatron's unfused function for anything else (another device, interleaved pairs,
+    angles per batch row, a dtype without a kernel). A dry run planning a GPU's kernels does not
+    route it in (``forward.packed_forward``'s ``fused_plan``)."""
     fn = None
     if not interleaved and t.device.type == "cpu":
         fn = _kernel(t.dtype)
-    elif not interleaved and t.device.type == "meta" and not dry_run.fused():  # not a GPU's plan
+    elif not interleaved and t.device.type == "meta":  # a dry run of a CPU learner
         fn = _META
     if (
         fn is None

@@ -22,11 +22,12 @@ import torch.distributed as dist
 
 from agent_r1.algos.advantages import ADVANTAGES, compute_advantages
 from agent_r1.algos.losses import loss_config
-from agent_r1.algos.rewards import RunningReturnStd
-from agent_r1.learner.actor import Actor, PolicyTargets
+from agent_r1.algos.step_rewards import RunningReturnStd
+from agent_r1.learner.actor import Actor
+from agent_r1.learner.actor_steps import PolicyTargets
+from agent_r1.learner.backend import Backend, keep_freed_host_memory
 from agent_r1.learner.batch import LearnerBatch, drop_nonfinite
 from agent_r1.learner.critic import Critic
-from agent_r1.learner.device import all_reduce_scalar, collective_device, keep_freed_host_memory, reducer
 from agent_r1.learner.optim import pad_multiple
 from agent_r1.logging import Progress
 from agent_r1.records.reader import RecordStore
@@ -49,10 +50,13 @@ def _mean_metrics(ms: list[dict[str, float]]) -> dict[str, float]:
 
 
 class Learner:
-    def __init__(self, cfg: TrainConfig):
+    def __init__(self, cfg: TrainConfig, backend: Backend | None = None):
+        """``backend``: what this rank runs on (``Backend.here()``; ``agent-r1 plan`` passes its
+        dry run's)."""
         from megatron.core import parallel_state as ps
 
         self.cfg, self.ps = cfg, ps
+        self.backend = backend = backend or Backend.here()
         keep_freed_host_memory()  # a CPU learner reuses its step's large blocks (no page faults)
         bridge = bridge_config(cfg)
         seed = cfg.trainer.seed
@@ -64,6 +68,7 @@ class Learner:
             seed=seed,
             train_vision=cfg.model.train_vision,
             temperature=temp,
+            backend=backend,
         )
         self.vision = Geometry.of(cfg.model.path)  # None: a text-only model
         moe = self.actor.module.config if self.actor.router_stats is not None else None
@@ -77,9 +82,17 @@ class Learner:
         self.critic = None
         if cfg.algorithm.critic:
             copt = dataclasses.replace(cfg.optim, lr=cfg.algorithm.critic_lr)
-            self.critic = Critic(cfg.model.path, bridge, copt, seed=seed)
+            self.critic = Critic(cfg.model.path, bridge, copt, seed=seed, backend=backend)
         self.ref = (
-            Actor(cfg.model.path, bridge, cfg.optim, seed=seed, trainable=False, temperature=temp)
+            Actor(
+                cfg.model.path,
+                bridge,
+                cfg.optim,
+                seed=seed,
+                trainable=False,
+                temperature=temp,
+                backend=backend,
+            )
             if cfg.algorithm.reference
             else None
         )
@@ -139,7 +152,7 @@ class Learner:
         micro = b.micro_batches(trajectories, self.cfg.optim.micro_tokens, cache=cache, pad_to=pad_to)
         count = len(micro)
         if par.ep > 1:
-            count = int(all_reduce_scalar(count, "max", group=self.dp_group, dtype=torch.int64))
+            count = int(self.backend.all_reduce_scalar(count, "max", group=self.dp_group, dtype=torch.int64))
         if par.vpp > 1:
             count = -(-count // par.pp) * par.pp
         if count == len(micro):
@@ -159,7 +172,7 @@ class Learner:
         """The trajectories of every optimizer step: epochs x mini-batches (the same number on
         every rank: the update is collective); epochs after the first reshuffle."""
         a = self.cfg.algorithm
-        k = int(all_reduce_scalar(min(a.mini_batches, max(n, 1)), "min", dtype=torch.int64))
+        k = int(self.backend.all_reduce_scalar(min(a.mini_batches, max(n, 1)), "min", dtype=torch.int64))
         if n == 0:
             raise RuntimeError(f"iteration {iteration}: this learner rank got no trajectories")
         rng = random.Random(self.cfg.trainer.seed * 1_000_003 + iteration)
@@ -179,7 +192,7 @@ class Learner:
         counts = torch.tensor(
             [trainable.sum(), (trainable > 0).sum(), len(trainable)],
             dtype=torch.float64,
-            device=collective_device(self.dp_group),
+            device=self.backend.collective_device(self.dp_group),
         )
         dist.all_reduce(counts, group=self.dp_group)
         share = counts / self.ps.get_data_parallel_world_size()
@@ -193,14 +206,16 @@ class Learner:
         inputs = b.inputs
         metrics: dict[str, float] = {}
         if self.reward_scaler is not None:  # r / running std of discounted step returns (over DP)
-            inputs.reward = self.reward_scaler.scale(inputs.reward, inputs.traj, reducer(self.dp_group))
+            inputs.reward = self.reward_scaler.scale(
+                inputs.reward, inputs.traj, self.backend.reducer(self.dp_group)
+            )
             s = self.reward_scaler
             metrics["reward/scaling_std"] = (s.m2 / s.count) ** 0.5 if s.count else 0.0
         if values is not None:
             inputs.value = values.to("cpu", torch.float64)
             if inputs.tokens is not None:  # token-level estimators: a step's value for each of its tokens
                 inputs.tokens.values = b.per_token(values).to("cpu", torch.float64)
-        adv = compute_advantages(a.advantage, inputs, a.estimator, reducer(self.dp_group))
+        adv = compute_advantages(a.advantage, inputs, a.estimator, self.backend.reducer(self.dp_group))
         metrics.update({f"adv/{k}": v for k, v in adv.metrics.items()})
         if adv.token_adv is not None:
             per_token = adv.token_adv.to(self.device, torch.float32)
@@ -252,7 +267,9 @@ class Learner:
         if self.last_stage:
             metrics.update(_rollout_metrics(b, old, version))
         metrics["train/optimizer_steps"] = float(len(step_metrics))
-        metrics["data/nonfinite_trajectories"] = all_reduce_scalar(self.dropped, "sum", self.dp_group)
+        metrics["data/nonfinite_trajectories"] = self.backend.all_reduce_scalar(
+            self.dropped, "sum", self.dp_group
+        )
         metrics["train/tokens"] = float(b.num_stream_tokens)
         if self.actor.router_stats is not None:  # a mixture of experts: where the routers sent tokens
             metrics.update(self.actor.router_stats.report(self.ps.get_tensor_model_parallel_world_size()))
@@ -323,7 +340,7 @@ class Learner:
         export = self.actor.export_hf()
         rank = dist.get_rank()
         if rank == 0:
-            out = {n: _to_host(t) for n, t in export}
+            out = {n: self.backend.to_host(t) for n, t in export}
             stages = dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())
             for src in stages[1:]:
                 while True:
@@ -334,7 +351,7 @@ class Learner:
                     name, dtype, shape = meta[0]
                     buf = torch.empty(shape, dtype=dtype, device=self.device)
                     dist.recv(buf, src=src)
-                    out[name] = _to_host(buf)
+                    out[name] = self.backend.to_host(buf)
             return out
         sends = (
             ps.get_pipeline_model_parallel_world_size() > 1
@@ -374,17 +391,6 @@ class Learner:
             self.critic.load(critic)
             log.info("critic resumed from %s (%d optimizer steps)", critic, self.critic.steps)
         return state
-
-
-def _to_host(t: torch.Tensor) -> torch.Tensor:
-    """A pushed tensor in host memory (in a dry run: the planned one, no longer counted)."""
-    from agent_r1.learner import dry_run
-
-    run = dry_run.active()
-    if run is not None:
-        run.memory.untrack([t])
-        return t
-    return t.detach().cpu()
 
 
 def _rollout_metrics(b: LearnerBatch, old: torch.Tensor, version: int) -> dict[str, float]:

@@ -54,16 +54,6 @@ class DryRunError(RuntimeError):
     refuse, a whole-world gather of the weights."""
 
 
-def active() -> DryRun | None:
-    """The dry run this process is in, if any."""
-    return _ACTIVE
-
-
-def fused() -> bool:
-    """In a dry run that plans the GPU's fused kernels."""
-    return _ACTIVE is not None and _ACTIVE.fused_kernels
-
-
 def _caller(skip: tuple[str, ...] = ("torch/", "dry_run.py", "contextlib.py")) -> str:
     """The innermost frame outside torch and this module: ``file:line in function``."""
     for fr in reversed(traceback.extract_stack()[:-1]):
@@ -378,8 +368,10 @@ class DryRun:
     def _fuse(self) -> None:
         """The GPU path's fused kernels (Transformer Engine's spec), planned on the local spec: a
         norm and a rotary embedding that keep what TE keeps, not the fp32 rows of their composite
-        (CPU) forms (attention: ``policy.PackedAttention`` asks ``fused_attention``)."""
+        (CPU) forms (attention: ``PackedAttention`` plans ``fused_plan.fused_attention``)."""
         from megatron.core.transformer import attention
+
+        from agent_r1.learner.backend.fused_plan import _FusedRMSNorm, _FusedRope
 
         rms_forward = torch.nn.RMSNorm.forward
         rope = attention.apply_rotary_pos_emb
@@ -436,11 +428,32 @@ class DryRun:
             self._stack.callback(setattr, owner, name, getattr(owner, name))
             setattr(owner, name, new)
 
+    def schedule(self, micro: list[Any]) -> list[Any]:
+        """The micro-batches (packed streams with ``num_tokens``) a forward-backward schedule runs:
+        the ``schedule_limit`` largest (in order), after checking every stream's length against FP8's
+        alignment."""
+        run = self
+        lengths = [mb.num_tokens for mb in micro]
+        bad = [n for n in lengths if run.pad_to and n % run.pad_to]
+        if bad:
+            raise DryRunError(
+                f"packed micro-batches of {bad[:5]} tokens at {_caller()}: not multiples of {run.pad_to} "
+                "(optim.pad_multiple; Transformer Engine's FP8 GEMMs need them)"
+            )
+        run.microbatches += len(lengths)
+        run.max_tokens = max([run.max_tokens, *lengths])
+        k = run.schedule_limit
+        if k is not None and len(micro) > k:
+            keep = sorted(sorted(range(len(micro)), key=lambda i: -lengths[i])[:k])
+            micro = [micro[i] for i in keep]
+        run._lengths = _receive_order([mb.num_tokens for mb in micro])
+        return micro
+
     def _patch_megatron(self) -> None:
         """CUDA means the planned device for Megatron-Core (``cpu_compat``, for the whole process:
         which is why a dry run has a process of its own), and what Megatron computes from data
         (pipeline shapes, its fallback gradient norm) comes from what the dry run knows."""
-        from agent_r1.learner import cpu_compat
+        from agent_r1.learner.backend import cpu_compat
 
         cpu_compat.apply(DEVICE)
         from megatron.core import utils as mutils
@@ -475,81 +488,6 @@ class DryRun:
 
             self._stack.callback(setattr, clip_grads, "l2_norm_impl", clip_grads.l2_norm_impl)
             clip_grads.l2_norm_impl = l2_norm
-
-
-class _FusedAttention(torch.autograd.Function):
-    """What a GPU's fused (flash) attention keeps, without computing it: the output, and for the
-    backward q, k, v, the output and fp32 softmax statistics per head and row (no L x L scores)."""
-
-    @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        s, heads, hn = q.shape
-        out = q.new_empty((s, heads * hn))
-        stats = torch.empty((heads, s), dtype=torch.float32, device=q.device)
-        ctx.save_for_backward(q, k, v, out, stats)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        q, k, v, _, _ = ctx.saved_tensors
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-class _FusedRMSNorm(torch.autograd.Function):
-    """Transformer Engine's fused RMSNorm, planned: the output in the input's dtype; the input,
-    the weight and fp32 inverse norms per row kept for the backward (no fp32 copies of the rows)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-        ctx.save_for_backward(x, weight, rstd)
-        return torch.empty_like(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        x, weight, _ = ctx.saved_tensors
-        return torch.empty_like(x), torch.empty_like(weight)
-
-
-class _FusedRope(torch.autograd.Function):
-    """A fused rotary embedding, planned: the output in the input's dtype, nothing kept."""
-
-    @staticmethod
-    def forward(ctx, t: torch.Tensor) -> torch.Tensor:
-        return torch.empty_like(t)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return torch.empty_like(grad)
-
-
-def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """(s, heads, hn) queries, (s, groups, hn) keys and values -> (s, heads * hn), as planned."""
-    return _FusedAttention.apply(q, k, v)
-
-
-def schedule(micro: list[Any]) -> list[Any]:
-    """The micro-batches (packed streams with ``num_tokens``) a forward-backward schedule runs:
-    all of them outside a dry run; in one, the ``schedule_limit`` largest (in order), after
-    checking every stream's length against FP8's alignment."""
-    run = active()
-    if run is None:
-        return micro
-    lengths = [mb.num_tokens for mb in micro]
-    bad = [n for n in lengths if run.pad_to and n % run.pad_to]
-    if bad:
-        raise DryRunError(
-            f"packed micro-batches of {bad[:5]} tokens at {_caller()}: not multiples of {run.pad_to} "
-            "(optim.pad_multiple; Transformer Engine's FP8 GEMMs need them)"
-        )
-    run.microbatches += len(lengths)
-    run.max_tokens = max([run.max_tokens, *lengths])
-    k = run.schedule_limit
-    if k is not None and len(micro) > k:
-        keep = sorted(sorted(range(len(micro)), key=lambda i: -lengths[i])[:k])
-        micro = [micro[i] for i in keep]
-    run._lengths = _receive_order([mb.num_tokens for mb in micro])
-    return micro
 
 
 def _receive_order(lengths: list[int]) -> tuple[list[int], list[int]]:
@@ -607,7 +545,7 @@ def hf_state(hf_config: Any) -> dict[str, torch.Tensor]:
             state = model.state_dict()
             # each expert its own tensor (HF stacks them; views would share one storage)
             state = {n: t.clone() if ".experts." in n else t for n, t in unstack_experts(state).items()}
-        run = active()
+        run = _ACTIVE
         if run is not None and run.memory is not None:  # the files a rank reads: host memory
             run.memory.untrack(state.values())
         if is_vision_config(hf_config):  # the checkpoint's names, as a rank reads them from files

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent_r1.tools.base import TOOLS, BaseTool, ToolError, ToolOutput
+from agent_r1.agent_tools.base import TOOLS, BaseTool, ToolError, ToolOutput
 from agent_r1.vision.images import Image
 
 

@@ -155,7 +155,7 @@ class Policy:
         (``kw``: ``run_episodes``'s options); ``wait_s``: wait that long for the servers first."""
         import asyncio
 
-        from agent_r1.agent.episodes import run_episodes
+        from agent_r1.agent.run_episodes import run_episodes
 
         async def go() -> list[Any]:
             client = self.client()
@@ -182,7 +182,7 @@ def resolve_policy(a: argparse.Namespace, export_dir: Path) -> Policy:
     """The policy of ``--model`` / ``--run`` / ``--url``: its codec, episode settings and services
     (a run's checkpoint exported under ``export_dir``); nothing is started."""
     from agent_r1.agent.chat import ChatCodec
-    from agent_r1.train.services import local_services
+    from agent_r1.train.run_services import local_services
 
     cfg, model, source = resolve_model(a, export_dir)
     tokenizer = a.tokenizer or model or (cfg.model.path if cfg is not None else None)

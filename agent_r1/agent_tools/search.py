@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from agent_r1.agent_tools.base import TOOLS, BaseTool, ToolError, ToolOutput, string_arguments
 from agent_r1.retrieval.client import RetrievalError, make_retriever
-from agent_r1.tools.base import TOOLS, BaseTool, ToolError, ToolOutput, string_arguments
 
 MAX_QUERY_CHARS = 300
 

@@ -58,16 +58,14 @@ def _kernels(dtype: torch.dtype) -> tuple[Any, Any] | None:
 
 
 def _forward(norm: torch.nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
-    from agent_r1.learner import dry_run
-
     w = norm.weight
     eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
     fns = None
     if x.device.type == w.device.type == "cpu":
         fns = _kernels(x.dtype)
-    elif x.device.type == w.device.type == "meta" and not dry_run.fused():  # not a GPU's plan
+    elif x.device.type == w.device.type == "meta":  # a dry run of a CPU learner
         fns = _META
-    if fns is None:  # the class's forward: PyTorch's, or what a dry run planning a GPU put there
+    if fns is None:  # the class's forward
         return torch.nn.RMSNorm.forward(norm, x)
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
         return _RMSNorm.apply(x, w, eps, fns)
@@ -79,7 +77,7 @@ def install_fused_rms_norm(model: Any) -> int:
     ``_RMSNorm`` (idempotent); how many it routed. Nothing changes where the kernel cannot be built
     (``_forward`` falls back to the class's forward) or on other devices. A dry run of a CPU learner
     (meta tensors) routes them too, so its accounting keeps what ``_RMSNorm`` keeps; one that
-    plans a GPU's kernels does not."""
+    plans a GPU's kernels does not call this (``forward.packed_forward``'s ``fused_plan``)."""
     count = 0
     for m in model.modules():
         if (

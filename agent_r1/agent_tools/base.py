@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 
 import jsonschema
 
+from agent_r1.agent_tools.services import NO_SERVICES, Services
 from agent_r1.registry import Registry
-from agent_r1.tools.services import NO_SERVICES, Services
 
 
 class ToolError(Exception):

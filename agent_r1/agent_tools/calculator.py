@@ -11,7 +11,7 @@ import math
 import operator
 from typing import Any
 
-from agent_r1.tools.base import TOOLS, BaseTool, ToolError, ToolOutput, string_arguments
+from agent_r1.agent_tools.base import TOOLS, BaseTool, ToolError, ToolOutput, string_arguments
 
 MAX_EXPR_CHARS = 300
 MAX_NODES = 200

@@ -61,12 +61,10 @@ def _kernels(dtype: torch.dtype) -> tuple[Any, Any] | None:
 def swiglu(x: torch.Tensor) -> torch.Tensor:
     """silu(a) * b of x = [a, b] (halves of the last dimension): the native kernels on a CPU, meta
     tensors alike in a dry run of a CPU learner, Megatron's unfused glu everywhere else."""
-    from agent_r1.learner import dry_run
-
     fns = None
     if x.device.type == "cpu":
         fns = _kernels(x.dtype)
-    elif x.device.type == "meta" and not dry_run.fused():  # not a GPU's plan
+    elif x.device.type == "meta":  # a dry run of a CPU learner
         fns = _META
     if fns is None:
         a, b = torch.chunk(x, 2, dim=-1)
@@ -91,8 +89,9 @@ def _plain_swiglu(config: Any) -> bool:
 def install_fused_swiglu(model: Any) -> int:
     """Route the activation of every Megatron ``MLP`` with a plain SwiGLU (dense layers and each
     expert) through ``swiglu`` (idempotent); how many it routed. Only MLPs whose weights are on the
-    CPU or meta (a dry run) are routed; ``swiglu`` itself falls back to the unfused glu where the
-    kernel cannot be built or the dry run plans a GPU."""
+    CPU or meta (a dry run of a CPU learner) are routed; ``swiglu`` itself falls back to the unfused
+    glu where the kernel cannot be built. A dry run planning a GPU's kernels does not call this
+    (``forward.packed_forward``'s ``fused_plan``)."""
     from megatron.core.transformer.mlp import MLP
 
     count = 0

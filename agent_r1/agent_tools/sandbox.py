@@ -282,7 +282,7 @@ class Sandbox:
                 for p in [workdir, *workdir.iterdir()]:
                     os.chown(p, uid, uid)
             server = await asyncio.to_thread(
-                ForkServer.shared, "agent_r1.tools.sandbox:run_code", self.preload
+                ForkServer.shared, "agent_r1.agent_tools.sandbox:run_code", self.preload
             )
             req = {
                 "code": code,

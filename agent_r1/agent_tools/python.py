@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from agent_r1.tools.base import TOOLS, BaseTool, ToolError, ToolOutput, string_arguments
-from agent_r1.tools.sandbox import Limits, Sandbox
+from agent_r1.agent_tools.base import TOOLS, BaseTool, ToolError, ToolOutput, string_arguments
+from agent_r1.agent_tools.sandbox import Limits, Sandbox
 
 
 @TOOLS.register("python")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from agent_r1.tools.base import BaseTool, ToolError, ToolOutput, string_arguments
+from agent_r1.agent_tools.base import BaseTool, ToolError, ToolOutput, string_arguments
 
 
 class EnvStepTool(BaseTool):

@@ -10,9 +10,9 @@ from tqdm import tqdm
 from agent_r1.agent.chat import ChatCodec
 from agent_r1.agent.flow import AGENTS, FlowConfig
 from agent_r1.agent.types import GenerateFn
+from agent_r1.agent_tools.services import Services
 from agent_r1.data.rows import DataRow
 from agent_r1.records.schema import Trajectory
-from agent_r1.tools.services import Services
 
 
 async def run_episodes(
