@@ -144,14 +144,47 @@ def error_response(msg: str, status: int = 400) -> web.Response:
     return json_response({"error": {"message": msg}}, status=status)
 
 
+def lone_surrogate(obj: Any) -> str | None:
+    """Where a parsed JSON value holds text that is not Unicode (a lone UTF-16 surrogate, escaped
+    as ``\\ud800`` or sent raw: Python's JSON parser lets both through), as ``messages[0].content``
+    and what is wrong; None when every string (keys included) is text a tokenizer can take."""
+    stack: list[tuple[Any, str]] = [(obj, "")]
+    while stack:
+        o, where = stack.pop()
+        if isinstance(o, str):
+            try:
+                o.encode("utf-8")
+            except UnicodeEncodeError as e:
+                code = ord(o[e.start])
+                return f"{where or 'body'}: not valid Unicode text (lone surrogate U+{code:04X} at character {e.start})"
+        elif isinstance(o, dict):
+            for k, v in o.items():
+                at = f"{where}.{str(k).encode('utf-8', 'backslashreplace').decode()}".lstrip(".")
+                stack.append((k, f"{at} (a key)"))
+                if isinstance(v, str | dict | list):
+                    stack.append((v, at))
+        elif isinstance(o, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(o) if isinstance(v, str | dict | list))
+    return None
+
+
+def _parse(raw: bytes) -> Any:
+    body = json.loads(raw)
+    bad = lone_surrogate(body)
+    if bad is not None:
+        raise BadRequest(bad)
+    return body
+
+
 async def read_json_body(request: web.Request) -> Any:
-    """The request body as JSON; BadRequest naming what is wrong (not JSON, not UTF-8). Bodies over
-    ``client_max_size`` are refused by aiohttp with 413 before they are read."""
+    """The request body as JSON; BadRequest naming what is wrong (not JSON, not UTF-8, text with a
+    lone surrogate: the field named). Bodies over ``client_max_size`` are refused by aiohttp with
+    413 before they are read; large ones are parsed and checked off the event loop."""
     raw = await request.read()
     try:
         if len(raw) > PARSE_OFF_LOOP_BYTES:
-            return await asyncio.to_thread(json.loads, raw)
-        return json.loads(raw)
+            return await asyncio.to_thread(_parse, raw)
+        return _parse(raw)
     except UnicodeDecodeError as e:
         raise BadRequest(f"request body is not UTF-8: {e}") from None
     except json.JSONDecodeError as e:
@@ -162,12 +195,15 @@ async def read_json_body(request: web.Request) -> Any:
 
 def api_key_middleware(key: str):
     """SGLang's ``--api-key``: every endpoint but ``/health`` needs ``Authorization: Bearer KEY``."""
+    expected = f"Bearer {key}".encode()
 
     @web.middleware
     async def check(request: web.Request, handler):
         if request.path not in OPEN_PATHS:
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            # the header's bytes as sent (aiohttp keeps undecodable ones as surrogates): a key with
+            # bytes outside ASCII is a wrong key (401), never an encoding error (500, a traceback)
+            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+            if not hmac.compare_digest(given, expected):
                 return error_response(
                     "unauthorized: this server needs its API key (Authorization: Bearer ...)", 401
                 )

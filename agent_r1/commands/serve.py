@@ -59,6 +59,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="larger request bodies are refused with 413",
     )
     sv.add_argument(
+        "--max-batch-seqs",
+        type=cli_args.positive_int,
+        default=4096,
+        help="a /generate of more sequences (prompts x n) is refused with 413",
+    )
+    sv.add_argument(
         "--strict",
         action="store_true",
         help="serve only the endpoints upstream SGLang serves (404 for the rest): what the trainer uses",
@@ -98,6 +104,7 @@ def run(a: argparse.Namespace) -> int:
         weight_ipc=a.weight_ipc,
         api_key=api_key(a),
         max_body_mb=a.max_body_mb,
+        max_batch_seqs=a.max_batch_seqs,
         strict=a.strict,
         sglang_version=a.sglang_version,
         join_timeout_s=a.join_timeout_s,

@@ -44,7 +44,9 @@ async def probe(
         await client.close()
 
 
-async def server_versions(urls: list[str], api_key: str | None = None, api: str = "embedded") -> dict[str, int]:
+async def server_versions(
+    urls: list[str], api_key: str | None = None, api: str = "embedded"
+) -> dict[str, int]:
     """Weight version of every server that answers (dead ones are left out)."""
     a = server_api(api)
     answers = await probe(urls, a.version_path, api_key=api_key, api=api)

@@ -295,8 +295,7 @@ class OpenAIRoutes:
                 left -= fin
                 yield i, ids, fin
         except (asyncio.CancelledError, ConnectionResetError):
-            for r in reqs:
-                self.engine.abort(r.rid)
+            self.engine.abort(rids=[r.rid for r in reqs])  # one pass
             raise
 
     def _decode(self, ids: list[int], stop_ids: set[int]) -> str:
@@ -347,8 +346,10 @@ class OpenAIRoutes:
             and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
         ):
             ids = list(prompt)
-        elif isinstance(prompt, str) and prompt:
-            ids = list(self.engine.tokenizer.encode(prompt, add_special_tokens=False))
+        elif isinstance(prompt, str) and prompt:  # tokenized off the event loop: /health answers meanwhile
+            ids = list(
+                await asyncio.to_thread(self.engine.tokenizer.encode, prompt, add_special_tokens=False)
+            )
         else:
             raise InvalidRequest("prompt: must be a non-empty string or a list of token ids", "prompt")
         top = field_of(body, "logprobs", (int,), 0)
@@ -397,7 +398,8 @@ class OpenAIRoutes:
             raise InvalidRequest(str(e), "messages") from None
 
     async def _chat(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
-        ids, images = self.chat_prompt(body)
+        # rendered and tokenized off the event loop (its cost grows with the client's text)
+        ids, images = await asyncio.to_thread(self.chat_prompt, body)
         tools = tool_schemas(body) is not None
         want_lp = bool(field_of(body, "logprobs", (bool,), False))
         top = field_of(body, "top_logprobs", (int,), 0)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from eventually import eventually
 from scripted import ScriptedPolicy, play
 
 from agent_r1.agent.flow import AgentSpec, FlowConfig
@@ -199,8 +200,7 @@ def test_a_hung_agent_ends_as_env_error_within_its_limit_and_leaves_nothing(code
     traj, _ = run_one(codec, command_agent(HANG, timeout_s=3), row, ["a"])
     assert time.monotonic() - t0 < 8
     assert traj.metrics["env_error"] == 1.0 and "timeout_s=3" in traj.steps[-1].info["env_error"]
-    time.sleep(0.2)
-    assert _left_behind("301.5") == []
+    assert eventually(lambda: _left_behind("301.5"), lambda left: left == []) == []
 
 
 def test_a_hung_callable_is_stopped_with_what_it_started(codec, monkeypatch):
@@ -211,8 +211,7 @@ def test_a_hung_callable_is_stopped_with_what_it_started(codec, monkeypatch):
     spec = AgentSpec(ExternalAgentFlow, {"callable": "gateway_agents:hang", "timeout_s": 3})
     traj, _ = run_one(codec, spec, row, ["a"])
     assert traj.metrics["env_error"] == 1.0 and len(traj.steps) == 1
-    time.sleep(0.2)
-    assert _left_behind("302.5") == []
+    assert eventually(lambda: _left_behind("302.5"), lambda left: left == []) == []
     traj, _ = run_one(codec, AgentSpec(ExternalAgentFlow, {"callable": "gateway_agents:reward"}), row, ["a"])
     assert traj.steps[-1].reward == 0.25 and traj.metrics["success"] == 1.0
 

@@ -2,7 +2,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -324,37 +323,81 @@ def test_stop_rules(engine, codec, tokenizer):
     assert r.finish == {"type": "length", "length": 7}
 
 
+def _freeze_at(engine, req, n: int) -> tuple[threading.Event, threading.Event]:
+    """Freeze ``engine`` once ``req`` has ``n`` tokens: its callback runs in the scheduler thread
+    (the lock held) and marks the engine paused in place, so the scheduler takes no further step
+    until ``resume`` (no race with a request that could finish between two polls of a busy
+    machine). Returns (frozen, finished) events."""
+    frozen = threading.Event()
+
+    def on_update(r, finished: bool) -> None:
+        if len(r.out_ids) == n and not finished and not frozen.is_set():
+            engine.paused = "in_place"  # what pause("in_place") sets, from inside the step
+            frozen.set()
+        if finished:
+            done.set()
+
+    done = threading.Event()
+    req.on_update = on_update
+    return frozen, done
+
+
 def test_abort_returns_partial(engine, codec):
     reqs = engine.make_requests(
         _prompt(codec, "long one"), {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True}, rid="long"
     )
-    done = threading.Event()
-    reqs[0].on_update = lambda r, f: f and done.set()
+    frozen, done = _freeze_at(engine, reqs[0], 3)
     engine.submit(reqs)
-    while len(reqs[0].out_ids) < 3:
-        time.sleep(0.01)
+    assert frozen.wait(60)
     engine.abort("long")
-    assert done.wait(5)
+    engine.resume()
+    assert done.wait(60)
     r = reqs[0]
-    assert r.finish["type"] == "abort" and 3 <= len(r.out_ids) < 400 and len(r.out_logprobs) == len(r.out_ids)
+    assert r.finish["type"] == "abort" and len(r.out_ids) == 3 and len(r.out_logprobs) == 3
+
+
+def test_a_batch_is_aborted_in_one_pass_and_nothing_else(engine, codec):
+    """``abort(rids=...)``: a client's whole batch (a hung-up /generate of thousands of sequences)
+    in one pass over the queues; requests of other clients are untouched."""
+    finished = threading.Semaphore(0)
+    engine.pause("in_place")
+    try:
+        reqs = [
+            r
+            for name in ("a", "b", "c")
+            for r in engine.make_requests(
+                _prompt(codec, name), {"max_new_tokens": 4, "n": 2, "ignore_eos": True}, rid=name
+            )
+        ]
+        for r in reqs:
+            r.on_update = lambda r, f: f and finished.release()
+        engine.submit(reqs)
+        kept = [r for r in reqs if r.rid.startswith("b")]
+        assert engine.abort(rids=[r.rid for r in reqs if r not in kept]) == 4
+        assert sorted(r.rid for r in engine.waiting) == sorted(r.rid for r in kept)
+    finally:
+        engine.resume()
+    for _ in reqs:
+        assert finished.acquire(timeout=60)
+    for r in reqs:
+        if r in kept:
+            assert r.finish["type"] == "length" and len(r.out_ids) == 4
+        else:
+            assert r.finish["type"] == "abort" and r.out_ids == []
 
 
 def test_pause_retract_continue(engine, codec):
     prompt = _prompt(codec, "retract me")
     (ref,) = engine.generate_sync(prompt, {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True})
     reqs = engine.make_requests(prompt, {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True})
-    done = threading.Event()
-    reqs[0].on_update = lambda r, f: f and done.set()
+    frozen, done = _freeze_at(engine, reqs[0], 5)
     engine.submit(reqs)
-    while len(reqs[0].out_ids) < 5:
-        time.sleep(0.005)
-    engine.pause("retract")
-    assert reqs[0].finish is None
-    n = len(reqs[0].out_ids)
-    time.sleep(0.1)
-    assert len(reqs[0].out_ids) == n and not engine.running  # frozen, KV dropped
+    assert frozen.wait(60)
+    engine.pause("retract")  # from in place to retract: its KV goes, its tokens stay
+    assert reqs[0].finish is None and len(reqs[0].out_ids) == 5
+    assert not engine.running and reqs[0].state == "waiting"  # frozen, KV dropped
     engine.resume()
-    assert done.wait(10)
+    assert done.wait(60)
     assert reqs[0].out_ids == ref.out_ids and reqs[0].retractions == 1  # recomputed, same greedy output
 
 

@@ -24,7 +24,10 @@ from rollout_servers import ServerProc, http
 def server(tiny_model_dir, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("bad_requests")
     (run_dir / "control" / "servers").mkdir(parents=True)
-    s = ServerProc(tiny_model_dir, run_dir, "b0", "--sglang-version", "0.5.6", "--join-timeout-s", "1")
+    s = ServerProc(
+        tiny_model_dir, run_dir, "b0", "--sglang-version", "0.5.6", "--join-timeout-s", "1",
+        "--max-batch-seqs", "64",
+    )  # fmt: skip
     yield s
     s.kill()
 
@@ -133,8 +136,19 @@ def test_a_silent_master_address_is_answered_in_bounded_time(server, tiny_model_
     silent.close()
 
 
-def test_long_prompt_text_is_tokenised_off_the_event_loop(server):
-    text = "word " * 1_000_000  # 5 MB: tens of seconds of tokenising on the event loop before
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/generate", lambda text: {"text": text, "sampling_params": {"max_new_tokens": 1}}),
+        ("/v1/completions", lambda text: {"model": "m", "prompt": text, "max_tokens": 1}),
+        ("/v1/chat/completions",
+         lambda text: {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": text}]}),
+    ],
+)  # fmt: skip
+def test_long_prompt_text_is_tokenised_off_the_event_loop(server, path, body):
+    """5 MB of prompt text (tens of seconds of tokenising) on each route that takes text: /health
+    answers throughout (the OpenAI routes tokenised on the event loop: ~20 s of silence for 20 MB)."""
+    text = "word " * 1_000_000
     slowest = []
 
     def health() -> None:
@@ -145,13 +159,69 @@ def test_long_prompt_text_is_tokenised_off_the_event_loop(server):
             time.sleep(0.05)
 
     with ThreadPoolExecutor(2) as ex:
-        big = ex.submit(http, "POST", f"{server.url}/generate",
-                        {"text": text, "sampling_params": {"max_new_tokens": 1}}, 120)  # fmt: skip
+        big = ex.submit(http, "POST", server.url + path, body(text), 120)
         time.sleep(0.3)  # the tokenisation is under way
         ex.submit(health).result(timeout=120)
         status, out = big.result(timeout=120)
-    assert status == 400 and "does not fit the context length 1024" in json.dumps(out), str(out)[:300]
+    assert status == 400 and "context length 1024" in json.dumps(out), str(out)[:300]
     assert max(slowest) < 2.0, slowest
+
+
+def test_weight_paths_the_server_cannot_use_are_400s_never_a_hang(server, tmp_path):
+    """A FIFO named like a checkpoint (a hung network filesystem behaves the same: its open never
+    returns, and the loader's open holds the GIL, so the whole server froze), a path too long for
+    the filesystem (a 500 before), a file where a folder belongs: each a 400 naming the path, the
+    old weights kept, /health answering throughout."""
+    import os
+
+    before = _greedy(server.url)
+    fifo_dir = tmp_path / "fifo"
+    fifo_dir.mkdir()
+    os.mkfifo(fifo_dir / "model.safetensors")
+    plain = tmp_path / "file.safetensors"
+    plain.write_bytes(b"x")
+    for path, says in [
+        (str(fifo_dir), "is not a regular file"),
+        ("/" + "a" * 5000, "File name too long"),
+        (str(plain), "is not a folder"),
+        (str(tmp_path / "missing"), "No such file or directory"),
+    ]:
+        status, out = http("POST", f"{server.url}/update_weights_from_disk", {"model_path": path}, timeout=30)
+        assert status == 400 and says in out["message"], (path[:80], status, out)
+        assert http("GET", server.url + "/health", timeout=5)[0] == 200
+    assert _greedy(server.url) == before
+
+
+def test_a_batch_over_the_sequence_limit_is_a_413_naming_the_flag(server):
+    """Sequences per /generate (prompts x n) are bounded by --max-batch-seqs, not only by the body
+    size (a 25,600-sequence batch fit in the default body limit)."""
+    sp = {"max_new_tokens": 1, "n": 8}
+    status, out = http("POST", server.url + "/generate", {"input_ids": [[5, 6]] * 9, "sampling_params": sp})
+    assert status == 413 and "--max-batch-seqs" in out["error"]["message"] and "64" in out["error"]["message"]
+    status, out = http("POST", server.url + "/generate", {"input_ids": [[5, 6]] * 8, "sampling_params": sp})
+    assert status == 200 and len(out) == 64
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["escaped", "raw"])
+@pytest.mark.parametrize(
+    "path, body, field",
+    [
+        ("/generate", {"text": "2 + 2 = ?", "sampling_params": {"max_new_tokens": 1}}, "text"),
+        ("/v1/completions", {"model": "m", "prompt": "2 + 2 = ?", "max_tokens": 1}, "prompt"),
+        ("/v1/chat/completions", {"model": "m", "max_tokens": 1,
+                                  "messages": [{"role": "user", "content": "2 + 2 = ?"}]}, "messages[0].content"),
+    ],
+)  # fmt: skip
+def test_text_with_a_lone_surrogate_is_a_400_naming_the_field(server, path, body, field, raw):
+    """A lone UTF-16 surrogate in a prompt, escaped (``\\ud800``) or as raw bytes, is not text a
+    tokenizer can take: 400 naming the field (it was a 500 on the OpenAI routes and a 400 that named
+    nothing on /generate); the server keeps serving."""
+    data = json.dumps(body).replace("2 + 2", "2 \\ud800 2").encode()
+    if raw:  # the surrogate's UTF-8 form, which Python's JSON parser also lets through
+        data = data.replace(b"\\ud800", b"\xed\xa0\x80")
+    status, text = _raw(server.url + path, data)
+    assert status == 400 and field in text and "lone surrogate U+D800" in text, (status, text[:300])
+    assert http("GET", server.url + "/health")[0] == 200
 
 
 # ---- fuzz: bodies shaped like each endpoint's, with wrong types and values ------------------------

@@ -6,6 +6,7 @@ import socket
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from rollout_servers import ServerProc, http
@@ -94,6 +95,22 @@ def test_api_key_is_required_everywhere_but_health(guarded, method, path, body):
     assert _call("GET", guarded.url + "/health")[0] == 200  # liveness stays open
 
 
+@pytest.mark.parametrize(
+    "value", ["Bearer s3cr\u00e9t".encode("latin-1"), "Bearer \u0633".encode(), b"Bearer \xff\xfe"]
+)
+def test_a_credential_outside_ascii_is_a_wrong_key_not_a_server_error(guarded, value):
+    """Latin-1, UTF-8 or undecodable bytes in ``Authorization``: 401 like any wrong key (it was a 500
+    with a logged traceback on every protected route, so any client could fill the logs)."""
+    u = urllib.parse.urlparse(guarded.url)
+    with socket.create_connection((u.hostname, u.port), timeout=30) as sock:
+        sock.sendall(b"GET /get_model_info HTTP/1.1\r\nHost: x\r\nAuthorization: " + value + b"\r\n\r\n")
+        status_line = sock.recv(4096).split(b"\r\n", 1)[0]
+    assert status_line.split()[1] == b"401", status_line
+    assert _call("GET", guarded.url + "/health")[0] == 200
+    guarded.log.flush()
+    assert "Traceback" not in Path(guarded.log.name).read_text()
+
+
 def test_api_key_lets_the_right_client_in(guarded):
     body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}
     st, text = _call("POST", guarded.url + "/generate", body, key="s3cret")
@@ -132,8 +149,28 @@ def test_one_bad_request_among_sixteen_concurrent_fails_alone(tiny_model_dir, tm
 
 
 def test_a_non_streaming_client_that_hangs_up_frees_the_engine(tiny_model_dir, tmp_path):
+    """A client that hangs up on a non-streaming ``/generate`` has its request aborted in the
+    engine. Without timing: generation is paused in place first, so the request waits in the engine
+    until the client has gone (it cannot start, let alone finish, between two polls of a busy
+    machine); once it is gone from the engine, generation continues and nothing was generated for
+    it. Were it not aborted, it would stay queued and then run its 1000 tokens."""
+
+    def loads() -> dict:
+        return http("GET", s.url + "/v1/loads")[1]["loads"][0]
+
+    def wait_for(cond, what: str) -> None:
+        deadline = time.time() + 120  # a guard against a hang, far above the milliseconds it takes
+        while not cond():
+            assert time.time() < deadline, what
+            time.sleep(0.02)
+
+    def generated() -> int:
+        return http("GET", s.url + "/get_server_info")[1]["internal_states"][0]["generated_tokens"]
+
     s = ServerProc(tiny_model_dir, tmp_path, "d0")
     try:
+        assert http("POST", s.url + "/pause_generation", {"mode": "in_place"})[0] == 200
+        before = generated()
         u = urllib.parse.urlparse(s.url)
         body = json.dumps(
             {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
@@ -144,17 +181,14 @@ def test_a_non_streaming_client_that_hangs_up_frees_the_engine(tiny_model_dir, t
             + f"Content-Length: {len(body)}\r\n\r\n".encode()
             + body
         )
-        deadline = time.time() + 30
-        while http("GET", s.url + "/v1/loads")[1]["loads"][0]["num_running_reqs"] == 0:
-            assert time.time() < deadline, "the request never started"
-            time.sleep(0.02)
-        sock.close()  # hang up mid-generation
-        t0 = time.time()
-        while http("GET", s.url + "/v1/loads")[1]["loads"][0]["num_running_reqs"]:
-            assert time.time() - t0 < 5, "the engine kept generating for a client that left"
-            time.sleep(0.05)
-        info = http("GET", s.url + "/get_server_info")[1]["internal_states"][0]
-        assert info["generated_tokens"] < 990  # aborted, not run to its 1000 tokens
+        wait_for(lambda: loads()["num_waiting_reqs"] == 1, "the request never reached the engine")
+        sock.close()  # hang up while it waits
+        wait_for(
+            lambda: loads()["num_waiting_reqs"] + loads()["num_running_reqs"] == 0,
+            "the engine kept the request of a client that left",
+        )
+        assert http("POST", s.url + "/continue_generation", {})[0] == 200
+        assert generated() == before and loads()["num_running_reqs"] == 0
     finally:
         s.kill()
 

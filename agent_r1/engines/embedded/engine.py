@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
+import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -186,11 +188,14 @@ class Engine(Intake, Scheduler, Decoder):
         return reqs
 
     # ---- control ---------------------------------------------------------------------------------
-    def abort(self, rid: str = "", abort_all: bool = False) -> int:
+    def abort(self, rid: str = "", abort_all: bool = False, rids: Collection[str] = ()) -> int:
+        """Abort request ``rid`` (and its ``rid-k`` samples), every one of ``rids`` (a client's whole
+        batch: one pass over the queues however large it is), or all; how many were aborted."""
+        wanted = set(rids)
         with self._control():
             n = 0
             for r in list(self.waiting) + list(self.running):
-                if abort_all or r.rid == rid or r.rid.startswith(f"{rid}-") and rid:
+                if abort_all or r.rid in wanted or (rid and (r.rid == rid or r.rid.startswith(f"{rid}-"))):
                     self._finish(
                         r, {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
                     )
@@ -252,9 +257,7 @@ class Engine(Intake, Scheduler, Decoder):
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        files = sorted(Path(model_path).glob("*.safetensors"))
-        if not files:
-            raise BadRequest(f"model_path: no *.safetensors files in {model_path!r}")
+        files = checkpoint_files(model_path)
         tensors: dict[str, torch.Tensor] = {}
         for f in files:
             try:
@@ -277,6 +280,25 @@ class Engine(Intake, Scheduler, Decoder):
                 "cache_hit_rate": self.stats["cached_tokens"]
                 / max(1, self.stats["cached_tokens"] + self.stats["prefill_tokens"]),
             }
+
+
+def checkpoint_files(model_path: str) -> list[Path]:
+    """The ``*.safetensors`` files of a weights folder a client named, each a regular file (a FIFO
+    or a device would block the loader's open, which holds the GIL: the whole server would hang);
+    a path the filesystem refuses (too long, missing, not a folder) is a BadRequest naming it."""
+    root = Path(model_path)
+    try:
+        if not stat.S_ISDIR(os.stat(root).st_mode):
+            raise BadRequest(f"model_path: {model_path!r} is not a folder")
+        files = sorted(root.glob("*.safetensors"))
+        for f in files:
+            if not stat.S_ISREG(os.stat(f).st_mode):
+                raise BadRequest(f"model_path: {f} is not a regular file")
+    except OSError as e:
+        raise BadRequest(f"model_path: {e.strerror or e} ({model_path[:200]!r})") from None
+    if not files:
+        raise BadRequest(f"model_path: no *.safetensors files in {model_path!r}")
+    return files
 
 
 def checkpoint_tensors(model: Any) -> dict[str, torch.Tensor]:

@@ -118,6 +118,12 @@ class GenerateRoutes:
                     logprob_start_len=self._per(body, "logprob_start_len", i, batch, -1),
                     image_data=self._per(body, "image_data", i, batch, None),
                 )
+                if len(reqs) > self.max_batch_seqs:  # before building the rest of a huge batch
+                    return error_response(
+                        f"a /generate of more than {self.max_batch_seqs} sequences (prompts x n); "
+                        "this server takes at most that many in one request (--max-batch-seqs)",
+                        413,
+                    )
         except BadRequest as e:
             return error_response(str(e))
         except (TypeError, KeyError, IndexError) as e:
@@ -146,8 +152,7 @@ class GenerateRoutes:
                 _, finished, _ = await queue.get()
                 left -= finished
         except asyncio.CancelledError:  # client went away (handler cancellation): free the engine
-            for r in reqs:
-                self.engine.abort(r.rid)
+            self.engine.abort(rids=[r.rid for r in reqs])  # one pass
             raise
         out = [self._payload(r, i) for i, r in enumerate(reqs)]
         return json_response(out if many else out[0])
@@ -165,8 +170,7 @@ class GenerateRoutes:
                 await resp.write(f"data: {dumps(chunk)}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
         except (ConnectionResetError, asyncio.CancelledError):
-            for r in reqs:
-                self.engine.abort(r.rid)
+            self.engine.abort(rids=[r.rid for r in reqs])  # one pass
             raise
         await resp.write_eof()
         return resp

@@ -90,11 +90,13 @@ class Server(GenerateRoutes):
         strict: bool = False,
         sglang_version: str = SGLANG_PROTOCOL,
         join_timeout_s: float = 120.0,
+        max_batch_seqs: int = 4096,
     ):
         """``strict``: serve only what upstream SGLang serves (``UPSTREAM_ENDPOINTS``).
         ``sglang_version``: the release whose protocol to speak; from 0.5.21 weights load only
         inside a ``/begin_weight_update`` ... ``/end_weight_update`` session, as SGLang's do."""
         self.engine, self.host, self.port = engine, host, port
+        self.max_batch_seqs = max_batch_seqs  # sequences (prompts x n) one /generate may ask for
         v = release(sglang_version)
         if v is None:
             raise ValueError(f"sglang_version: not a release number: {sglang_version!r}")
@@ -267,6 +269,7 @@ def serve(
     weight_ipc = bool(engine_kw.pop("weight_ipc", False))
     api_key = engine_kw.pop("api_key", None)
     max_body_mb = int(engine_kw.pop("max_body_mb", 256))
+    max_batch_seqs = int(engine_kw.pop("max_batch_seqs", None) or 4096)
     strict = bool(engine_kw.pop("strict", False))
     sglang_version = str(engine_kw.pop("sglang_version", None) or SGLANG_PROTOCOL)
     join_timeout_s = float(engine_kw.pop("join_timeout_s", None) or 120.0)
@@ -278,6 +281,7 @@ def serve(
         weight_ipc=weight_ipc,
         api_key=api_key,
         max_body_mb=max_body_mb,
+        max_batch_seqs=max_batch_seqs,
         strict=strict,
         sglang_version=sglang_version,
         join_timeout_s=join_timeout_s,
