@@ -169,6 +169,31 @@ def committed_shards(records_dir: str | Path, iteration: int) -> list[ShardMeta]
     return [ShardMeta(**json.loads(p.read_text())) for p in sorted(d.glob("shard_*.meta.json"))]
 
 
+def drop_damaged_shards(records_dir: str | Path, iteration: int) -> list[str]:
+    """Remove the committed shards of ``iteration`` whose file is missing, truncated or corrupt
+    (size or checksum against its metadata), each with its metadata, and the iteration's manifest
+    if one was written: what the caller knows was never trained is generated again. Returns what
+    was wrong with each, naming the file."""
+    d = iteration_dir(records_dir, iteration)
+    dropped = []
+    for meta in committed_shards(records_dir, iteration):
+        path = d / meta.name
+        if not path.exists():
+            why = "missing"
+        elif path.stat().st_size != meta.bytes:
+            why = f"truncated or overwritten: {path.stat().st_size} bytes, its metadata says {meta.bytes}"
+        elif file_checksum(path)[0] != meta.checksum:
+            why = "checksum mismatch: the file is corrupt"
+        else:
+            continue
+        dropped.append(f"{path}: {why}")
+        path.unlink(missing_ok=True)
+        (d / f"{Path(meta.name).stem}.meta.json").unlink(missing_ok=True)
+    if dropped:
+        (d / "manifest.json").unlink(missing_ok=True)
+    return dropped
+
+
 def finalize_iteration(
     records_dir: str | Path, iteration: int, expected_writers: int | None = None
 ) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any
 from agent_r1.errors import RoleTimeout
 from agent_r1.logging import Progress
 from agent_r1.records.reader import RecordStore
-from agent_r1.records.shard import finalize_iteration, iteration_dir, iteration_dirs
+from agent_r1.records.shard import drop_damaged_shards, finalize_iteration, iteration_dir, iteration_dirs
 from agent_r1.train.config import TrainConfig
 from agent_r1.train.metrics import STATS_COLUMNS, table_stats
 from agent_r1.train.run_dir import RunDir, node_address, read_json
@@ -195,6 +195,16 @@ class Coordinator:
         """Forget what the dead run issued beyond ``iteration`` (committed shards are kept and
         reused) and drop ledger lines of updates the checkpoint does not contain."""
         forget_tasks_after(self.rd, iteration)
+        # records of iterations to redo were never trained (the ledger below is cut to the
+        # checkpoint): a damaged shard among them is generated again instead of stopping every rerun
+        for i in iteration_dirs(self.rd.records):
+            if i > iteration:
+                for what in drop_damaged_shards(self.rd.records, i):
+                    log.warning(
+                        "iteration %d is redone: dropping its damaged shard (%s); it is generated again",
+                        i,
+                        what,
+                    )
         for i, d in iteration_dirs(self.rd.eval_records).items():  # derived data: evaluate again
             if i > iteration + 1:
                 shutil.rmtree(d, ignore_errors=True)

@@ -165,3 +165,27 @@ def test_select_by_rank_and_by_group(tmp_path):
     assert cols.column_names == ["trajectory_id", "reward"]
     with pytest.raises(ValueError, match="rank 2 outside"):
         store.read(1, rank=2, world=2)
+
+
+def test_damaged_shards_of_an_iteration_to_redo_are_dropped_and_the_intact_ones_kept(tmp_path, table):
+    """A resumed run redoes the iterations after its checkpoint: a truncated, corrupt or missing
+    shard among their committed ones is removed with its metadata and the iteration's manifest (so
+    the worker generates it again), naming the file; intact shards and other iterations stay."""
+    from agent_r1.records.shard import committed_shards, drop_damaged_shards, iteration_dir
+
+    half = table.num_rows // 2
+    for it in (4, 5):
+        write_shard(tmp_path, it, 0, table.slice(0, half), "none")
+        write_shard(tmp_path, it, 1, table.slice(half), "none")
+        finalize_iteration(tmp_path, it)
+    d = iteration_dir(tmp_path, 5)
+    assert drop_damaged_shards(tmp_path, 5) == []  # nothing wrong: nothing touched
+    data = (d / "shard_w0001.arrow").read_bytes()
+    (d / "shard_w0001.arrow").write_bytes(data[: len(data) // 2])  # torn by a crash
+    dropped = drop_damaged_shards(tmp_path, 5)
+    assert len(dropped) == 1 and "shard_w0001.arrow: truncated" in dropped[0]
+    assert [m.name for m in committed_shards(tmp_path, 5)] == ["shard_w0000.arrow"]
+    assert not (d / "manifest.json").exists() and (iteration_dir(tmp_path, 4) / "manifest.json").exists()
+    (d / "shard_w0000.arrow").write_bytes(b"\0" * (d / "shard_w0000.arrow").stat().st_size)  # same size
+    assert "checksum mismatch" in drop_damaged_shards(tmp_path, 5)[0]
+    assert committed_shards(tmp_path, 5) == [] and len(committed_shards(tmp_path, 4)) == 2
