@@ -39,7 +39,9 @@ class LossConfig:
     kl_coef: float = 0.0  # KL to the reference policy, added to the loss
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0  # entropy bonus (subtracted)
-    tis_cap: float | None = None  # truncated importance sampling for rollout/learner mismatch
+    # the decoupled objective's truncated behaviour weight min(pi_prox / mu, tis_cap) (rollout/learner
+    # mismatch, stale rollouts); None: unset (on with 2.0 for async rollouts), 0: off
+    tis_cap: float | None = None
     log_ratio_clamp: float = 20.0
 
     def __post_init__(self) -> None:  # an unset (None) setting is checked once it is resolved
@@ -55,8 +57,8 @@ class LossConfig:
             raise ValueError(f"loss.agg must be one of {AGG_MODES}, got {self.agg!r}")
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"loss.kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
-        if self.tis_cap is not None and self.tis_cap <= 0:
-            raise ValueError(f"loss.tis_cap must be > 0 (or null), got {self.tis_cap}")
+        if self.tis_cap is not None and self.tis_cap < 0:
+            raise ValueError(f"loss.tis_cap must be > 0, 0 (off) or null, got {self.tis_cap}")
 
 
 @dataclass
@@ -130,6 +132,7 @@ class PolicyLoss:
     fn: PolicyLossFn  # (inputs, advantages, cfg) -> per-token loss, metrics
     defaults: dict[str, Any] = field(default_factory=dict)
     forced: dict[str, Any] = field(default_factory=dict)
+    ratio_level: str = "token"  # token | segment (a sequence ratio per step): the behaviour weight's too
 
 
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
@@ -170,6 +173,24 @@ def gspo(x: LossInputs, adv: torch.Tensor, cfg: LossConfig):
     return pg, {**m, **_ratio_metrics(s, lr, x.mask)}
 
 
+def behaviour_weight(x: LossInputs, cap: float, level: str) -> tuple[torch.Tensor, dict[str, float]]:
+    """Decoupled PPO's truncated behaviour weight w = min(pi_prox / mu, cap), detached: pi_prox the
+    learner's recomputed logprobs (``old_logprobs``), mu the engine's sampled ones
+    (``rollout_logprobs``). Per token, or per segment for sequence-ratio losses (StepPO, PSPO, GSPO:
+    the step's length-normalised ratio exp(mean_t log pi_prox/mu), broadcast over its tokens).
+    Metrics: the mean weight and the fraction of tokens the cap truncated."""
+    lr = torch.where(x.mask, x.old_logprobs - x.rollout_logprobs, torch.zeros_like(x.old_logprobs)).detach()
+    if level == "segment":
+        count = segment_sum(x.mask.to(lr.dtype), x.seg, x.num_segments).clamp(min=1)
+        lr = (segment_sum(lr, x.seg, x.num_segments) / count)[x.seg]
+    raw = torch.exp(lr.clamp(-20, 20))
+    w = raw.clamp(max=cap)
+    return w, {
+        "tis/weight_mean": _masked_mean(w, x.mask),
+        "tis/truncated_fraction": _masked_mean((raw > cap).to(w.dtype), x.mask),
+    }
+
+
 def reinforce(x: LossInputs, adv: torch.Tensor, cfg: LossConfig):
     """-A log pi (on-policy; no ratio)."""
     return -adv * x.logprobs, {}
@@ -196,13 +217,20 @@ def _ratio_metrics(ratio: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Ten
 STEP_AGG = {"agg": "seq-mean-token-mean"}  # one step's action = one sequence (StepPO)
 POLICY_LOSSES.register("ppo")(PolicyLoss(ppo_clip))
 # GSPO's sequence ratio is ~1 +- 1e-3: its paper's clip (3e-4 / 4e-4); no dual clip (as verl)
-POLICY_LOSSES.register("gspo")(PolicyLoss(gspo, defaults={"clip_low": 3e-4, "clip_high": 4e-4}))
+POLICY_LOSSES.register("gspo")(
+    PolicyLoss(gspo, defaults={"clip_low": 3e-4, "clip_high": 4e-4}, ratio_level="segment")
+)
 # StepPO: the GSPO ratio per agent step, seq-mean-token-mean; verl's default clip (0.2), which the
 # seed's scripts do not override
-POLICY_LOSSES.register("steppo")(PolicyLoss(gspo, forced=STEP_AGG))
+POLICY_LOSSES.register("steppo")(PolicyLoss(gspo, forced=STEP_AGG, ratio_level="segment"))
 # PSPO (PaperScout's script): StepPO with clip 3e-4 / 4e-4 and clip_ratio_c 10
 POLICY_LOSSES.register("pspo")(
-    PolicyLoss(gspo, defaults={"clip_low": 3e-4, "clip_high": 4e-4, "clip_c": 10.0}, forced=STEP_AGG)
+    PolicyLoss(
+        gspo,
+        defaults={"clip_low": 3e-4, "clip_high": 4e-4, "clip_c": 10.0},
+        forced=STEP_AGG,
+        ratio_level="segment",
+    )
 )
 POLICY_LOSSES.register("reinforce")(PolicyLoss(reinforce))
 POLICY_LOSSES.register("grpo")(PolicyLoss(ppo_clip, defaults={"clip_high": 0.28}))  # DAPO's clip-higher
@@ -253,10 +281,10 @@ def policy_loss(
         metrics["mismatch/abs_logprob_diff"] = _masked_mean(diff.abs(), x.mask)
     pg, m = spec.fn(x, adv, cfg)
     metrics.update(m)
-    if cfg.tis_cap is not None and x.rollout_logprobs is not None:
-        w = torch.exp((x.old_logprobs - x.rollout_logprobs).clamp(-20, 20)).clamp(max=cfg.tis_cap).detach()
+    if cfg.tis_cap and x.rollout_logprobs is not None:  # the decoupled objective (0 / None: off)
+        w, m = behaviour_weight(x, cfg.tis_cap, spec.ratio_level)
         pg = pg * w
-        metrics["tis/weight_mean"] = _masked_mean(w, x.mask)
+        metrics.update(m)
     agg = cfg.agg
     loss = aggregate(pg, x.mask, x.seg, x.num_segments, agg, denom)
     metrics["loss/pg"] = float(loss.detach())
@@ -290,6 +318,7 @@ __all__ = [
     "LossConfig",
     "LossInputs",
     "aggregate",
+    "behaviour_weight",
     "kl_penalty",
     "loss_config",
     "policy_loss",

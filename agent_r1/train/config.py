@@ -192,6 +192,9 @@ class AlgorithmConfig:
         )
 
 
+DECOUPLED_TIS_CAP = 2.0  # the behaviour weight's cap when async rollouts turn it on
+
+
 @dataclass
 class RolloutConfig:
     engine: str = "embedded"  # an entry of engine_spec.ENGINES: embedded | sglang | vllm | external (urls)
@@ -442,6 +445,12 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check_numbers(self, "")
         bridge_config(self)  # the learner's own checks of model.dtype / precision / fp8_recipe, tp, pp
+        pol, rc = self.algorithm.policy, self.rollout
+        if pol.tis_cap is None and rc.mode == "async" and rc.max_staleness > 0:
+            # rollouts up to max_staleness versions old: the decoupled objective by default (the
+            # clipped ratio to the learner's recomputed logprobs, times the truncated
+            # proximal/behaviour weight); algorithm.policy.tis_cap=0 turns it off
+            pol.tis_cap = DECOUPLED_TIS_CAP
         _check(
             self.cluster.launcher == "slurm" or self.parallel.backend == "gloo",
             "parallel.backend",

@@ -8,9 +8,11 @@ from hypothesis import strategies as st
 
 from agent_r1.algos.losses import (
     AGG_MODES,
+    POLICY_LOSSES,
     LossConfig,
     LossInputs,
     aggregate,
+    behaviour_weight,
     kl_penalty,
     loss_config,
     policy_loss,
@@ -107,6 +109,36 @@ def test_tis_and_mismatch():
     assert m["tis/weight_mean"] == pytest.approx((2.0 + math.exp(0.5)) / 2)
     assert m["mismatch/abs_logprob_diff"] == pytest.approx(1.25)
     assert float(loss.detach()) == pytest.approx(-(2.0 + math.exp(0.5)) / 2)
+
+
+def test_tis_counts_what_the_cap_truncated_and_zero_turns_it_off():
+    x = inputs([-1.0, -1.0], [-1.0, -1.0], [1.0, 1.0], [1, 1], [0, 1], rollout_logprobs=[-3.0, -1.5])
+    _, m = policy_loss("ppo", x, LossConfig(tis_cap=2.0))
+    assert m["tis/truncated_fraction"] == pytest.approx(0.5)  # e^2 > 2: one token of two
+    loss, m = policy_loss("ppo", x, LossConfig(tis_cap=0))  # off: the plain clipped objective
+    assert "tis/weight_mean" not in m and float(loss.detach()) == pytest.approx(-1.0)
+    with pytest.raises(ValueError, match="tis_cap"):
+        LossConfig(tis_cap=-1.0)
+
+
+@pytest.mark.parametrize("name", ["steppo", "pspo", "gspo"])
+def test_step_losses_weigh_each_step_by_its_length_normalised_behaviour_ratio(name):
+    """StepPO / PSPO / GSPO: one behaviour weight per step, exp(mean over the step's sampled tokens of
+    log pi_prox - log mu), capped, on each of its tokens (a masked token counts for nothing)."""
+    old = [-1.0, -2.0, -1.0, -1.0, -0.5]
+    roll = [-1.5, -2.5, -9.0, -1.0, -0.1]  # step 0: +0.5 on each sampled token; step 1: 0 and -0.4
+    x = inputs(old, old, [1.0] * 5, [1, 1, 0, 1, 1], [0, 0, 0, 1, 1], rollout_logprobs=roll)
+    w, m = behaviour_weight(x, 5.0, POLICY_LOSSES.get(name).ratio_level)
+    want = [math.exp(0.5)] * 3 + [math.exp(-0.2)] * 2
+    assert torch.allclose(w, torch.tensor(want, dtype=F64))
+    assert m["tis/weight_mean"] == pytest.approx((2 * math.exp(0.5) + 2 * math.exp(-0.2)) / 4)
+    w, m = behaviour_weight(x, 1.5, "segment")  # e^0.5 = 1.65 > 1.5: step 0's two tokens truncated
+    assert m["tis/truncated_fraction"] == pytest.approx(0.5) and float(w[0]) == 1.5
+    # per token (PPO / GRPO): each token its own ratio
+    w, _ = behaviour_weight(x, 5.0, POLICY_LOSSES.get("grpo").ratio_level)
+    assert torch.allclose(
+        w[[0, 1, 3, 4]], torch.tensor([math.exp(0.5), math.exp(0.5), 1.0, math.exp(-0.4)], dtype=F64)
+    )
 
 
 def test_empty_mask_zero_loss_zero_grad_even_with_nan_outside():

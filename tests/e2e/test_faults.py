@@ -1,5 +1,6 @@
 """Faults of a whole `agent-r1 train` run that lose nothing: the only rollout server killed
-mid-rollout, the launcher itself killed, a second launcher on a live run, a corrupted checkpoint."""
+mid-rollout, the launcher itself killed, a second launcher on a live run, a corrupted checkpoint (and
+a torn record shard of the iteration it redoes)."""
 
 from __future__ import annotations
 
@@ -107,9 +108,15 @@ def test_corrupted_checkpoint_is_refused_and_the_previous_one_used(tiny_model_di
         f.seek(shard.stat().st_size // 2)
         f.write(b"\x00\x00\xc0\x7f" * 1024)
     (run / "checkpoints" / "iter_000002.tmp").mkdir()  # an interrupted save
+    # iteration 1 is redone from iteration 0's checkpoint: its committed shard, torn, is generated
+    # again (it stopped every rerun with a clear line and no way forward)
+    torn = run / "records" / "iter_000001" / "shard_w0000.arrow"
+    torn.write_bytes(torn.read_bytes()[:100])
     r = train([*args[:-1], "trainer.keep_checkpoints=3", "trainer.iterations=3"])
     check_finished(r, run, 3)
     log = (run / "logs" / "learner_0.log").read_text()
+    assert "iteration 1 is redone: dropping its damaged shard" in log and str(torn) in log
+    assert manifest(run, 1)["num_trajectories"] == manifest(run, 0)["num_trajectories"]
     assert f"{shard.name} does not match its checksum" in log and "falling back" in log
     assert "resumed from" in log and "iter_000000" in log.split("resumed from")[1].splitlines()[0]
     assert (run / "checkpoints" / "iter_000001.corrupt").is_dir()  # kept for inspection

@@ -136,3 +136,13 @@ def test_cluster_search_presets_place_the_retriever_on_the_rollout_nodes(preset,
     script = render_job(cfg, RunDir.at(tmp_path / "run").create())
     line = next(x for x in script.splitlines() if " role retriever " in x)
     assert "--het-group=1" in line and "--supervise" in line  # the rollout component, restarted in place
+
+
+def test_async_rollouts_turn_the_decoupled_objective_on_unless_told_otherwise():
+    """Rollouts up to max_staleness versions old train with the truncated behaviour weight (cap 2)
+    by default; sync runs do not need it; a set cap wins, and 0 turns it off."""
+    assert load_config(["rollout.mode=async"]).algorithm.policy.tis_cap == 2.0
+    assert load_config([]).algorithm.policy.tis_cap is None
+    assert load_config(["rollout.mode=async", "rollout.max_staleness=0"]).algorithm.policy.tis_cap is None
+    assert load_config(["rollout.mode=async", "algorithm.policy.tis_cap=0"]).algorithm.policy.tis_cap == 0
+    assert load_config(["rollout.mode=async", "algorithm.policy.tis_cap=5"]).algorithm.policy.tis_cap == 5
