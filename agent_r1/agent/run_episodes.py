@@ -26,11 +26,15 @@ async def run_episodes(
     progress: bool = True,
     on_episode: Callable[[int], None] | None = None,
     services: Services | None = None,
+    first_index: int = 0,
+    limit: asyncio.Semaphore | None = None,
 ) -> list[Trajectory]:
-    """One trajectory per (row, sample); ``group_id`` = the row, shared by its ``group_size`` samples."""
+    """One trajectory per (row, sample); ``group_id`` = the row, shared by its ``group_size`` samples.
+    Rows are numbered from ``first_index`` in the ids (one group of a larger share keeps its id);
+    ``limit``: a semaphore shared with other calls (else ``max_concurrency`` episodes at once)."""
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
-    sem = asyncio.Semaphore(max_concurrency)
+    sem = limit if limit is not None else asyncio.Semaphore(max_concurrency)
     bar = tqdm(total=len(rows) * group_size, desc="episodes", unit="ep", disable=not progress, leave=False)
 
     async def one(row: DataRow, i: int, k: int) -> Trajectory:
@@ -47,7 +51,9 @@ async def run_episodes(
 
     try:
         return list(
-            await asyncio.gather(*(one(r, i, k) for i, r in enumerate(rows) for k in range(group_size)))
+            await asyncio.gather(
+                *(one(r, i, k) for i, r in enumerate(rows, first_index) for k in range(group_size))
+            )
         )
     finally:
         bar.close()

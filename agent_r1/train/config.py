@@ -204,8 +204,10 @@ class RolloutConfig:
     group_size: int = 8  # samples per prompt (n)
     prompts_per_iteration: int = 16
     max_concurrency: int = 64  # episodes in flight per worker
-    mode: str = "sync"  # sync | async (generate v+1 while training v)
-    max_staleness: int = 1  # async: policy versions a record may lag behind the learner
+    # sync | async (generate v+1 while training v) | stream (every admitted task in flight at once,
+    # each group committed as it finishes: the learner waits for its batch's groups, not a share)
+    mode: str = "sync"
+    max_staleness: int = 1  # async, stream: policy versions a record may lag behind the learner
     weight_sync: str = "distributed"  # distributed (bucketed broadcast) | disk (safetensors)
     bucket_mb: int = 256
     request_timeout_s: float = 300.0
@@ -245,7 +247,11 @@ class RolloutConfig:
         _check(self.servers >= 1 and self.workers >= 1, "rollout.servers/workers", "must be >= 1")
         _check(self.group_size >= 1, "rollout.group_size", f"must be >= 1, got {self.group_size}")
         _check(self.prompts_per_iteration >= 1, "rollout.prompts_per_iteration", "must be >= 1")
-        _check(self.mode in ("sync", "async"), "rollout.mode", f"sync or async, got {self.mode!r}")
+        _check(
+            self.mode in ("sync", "async", "stream"),
+            "rollout.mode",
+            f"sync, async or stream, got {self.mode!r}",
+        )
         _check(self.max_staleness >= 0, "rollout.max_staleness", "must be >= 0")
         _check(
             self.weight_sync in ("distributed", "disk"),
@@ -446,7 +452,7 @@ class TrainConfig:
         _check_numbers(self, "")
         bridge_config(self)  # the learner's own checks of model.dtype / precision / fp8_recipe, tp, pp
         pol, rc = self.algorithm.policy, self.rollout
-        if pol.tis_cap is None and rc.mode == "async" and rc.max_staleness > 0:
+        if pol.tis_cap is None and rc.mode != "sync" and rc.max_staleness > 0:
             # rollouts up to max_staleness versions old: the decoupled objective by default (the
             # clipped ratio to the learner's recomputed logprobs, times the truncated
             # proximal/behaviour weight); algorithm.policy.tis_cap=0 turns it off

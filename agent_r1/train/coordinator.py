@@ -110,6 +110,7 @@ class Coordinator:
                 version,
                 rc.workers,
                 teacher=bool(cfg.algorithm.teacher),
+                shards="group" if rc.mode == "stream" else "worker",
             )
         return RolloutTask(
             task_name(kind, iteration),
@@ -139,7 +140,7 @@ class Coordinator:
         acks: list[dict[str, Any]] = []
         if not self.finalized(task):
             acks = self._wait(task)
-            finalize_iteration(out_dir, task.iteration, expected_writers=task.workers)
+            finalize_iteration(out_dir, task.iteration, expected_writers=task.expected_shards)
         stats: dict[str, Any] = table_stats(
             RecordStore(out_dir).read(task.iteration, verify=False, columns=STATS_COLUMNS)
         )

@@ -256,9 +256,10 @@ class Trainer(WarmStart):
         return summary
 
     def rollout(self, it: int, times: dict[str, float]) -> dict[str, Any] | None:
-        """Issue this iteration's task (and, in async mode, the next ``max_staleness`` ones) and wait
-        for its committed records; their statistics on rank 0, ``{}`` elsewhere, None on a stop."""
-        ahead = self.cfg.rollout.max_staleness if self.cfg.rollout.mode == "async" else 0
+        """Issue this iteration's task (and, in async and stream mode, the next ``max_staleness`` ones:
+        the admission that bounds staleness) and wait for its committed records; their statistics
+        on rank 0, ``{}`` elsewhere, None on a stop."""
+        ahead = self.cfg.rollout.max_staleness if self.cfg.rollout.mode != "sync" else 0
         pooled: dict[str, Any] | None = {}
         if self.coord is not None:
             with _timed(times, "time/generate"):
@@ -294,6 +295,7 @@ class Trainer(WarmStart):
         m = {**m, **rollout_scalars(pooled), **times}
         m["time/iteration"] = wall
         m["time/idle"] = max(0.0, wall - sum(v for k, v in times.items() if k.startswith("time/")))
+        m["time/learner_idle"] = times.get("time/generate", 0.0)  # waiting for this batch's records
         m["weight_sync/seconds"] = times.get("time/weight_sync", 0.0)
         if self.coord is not None and self.coord.publisher.last_push:
             m["weight_sync/gbps"] = self.coord.publisher.last_push["gbps"]

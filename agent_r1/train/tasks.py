@@ -35,6 +35,9 @@ class RolloutTask:
     workers: int  # how many workers share the task
     teacher: bool = False  # ask the teacher server for per-token logprobs (OPD)
     created: float = field(default_factory=time.time)
+    # worker: one shard per worker, committed when its share is done | group: one shard per group,
+    # committed as soon as the group finishes (streaming: a long episode holds back only its group)
+    shards: str = "worker"
 
     @property
     def records_subdir(self) -> str:
@@ -43,6 +46,11 @@ class RolloutTask:
     def share(self, worker: int) -> list[tuple[int, int]]:
         """(position in the task, row index) of this worker's prompts: whole groups per worker."""
         return [(i, r) for i, r in enumerate(self.rows) if i % self.workers == worker]
+
+    @property
+    def expected_shards(self) -> int:
+        """Committed shards that complete the task's iteration."""
+        return self.workers if self.shards == "worker" else len(self.rows)
 
 
 def task_name(kind: str, iteration: int) -> str:

@@ -102,6 +102,7 @@ class Worker:
         self._rows: dict[str, list[Any]] = {}
         self.api_key = rd.api_key()
         self.services = run_services(cfg, rd)  # what its episodes use besides the policy
+        self._episodes_done: dict[str, int] = {}  # episodes finished per task (its progress file)
 
     def rows(self, split: str) -> list[Any]:
         if split not in self._rows:
@@ -112,6 +113,9 @@ class Worker:
 
     def serve_forever(self, poll_s: float = 0.05) -> None:
         log.info("worker %d ready (run dir %s)", self.index, self.rd.root)
+        if self.cfg.rollout.mode == "stream":
+            asyncio.run(self._stream(poll_s))
+            return
         while not self.rd.stopping:
             tasks = pending_tasks(self.rd, self.index)
             if not tasks:
@@ -123,11 +127,42 @@ class Worker:
                 acknowledge(self.rd, task, self.index, asyncio.run(self.run_task(task)))
         log.info("worker %d: stop requested", self.index)
 
-    async def run_task(self, task: RolloutTask) -> dict[str, Any]:
-        """This worker's share of a task: episodes → (teacher logprobs) → one committed shard."""
+    async def _stream(self, poll_s: float) -> None:
+        """Streaming: every pending task runs at once (the coordinator issues at most
+        ``max_staleness`` ahead: that is the admission), its episodes sharing one limit of
+        ``rollout.max_concurrency`` (older tasks queued first); a task is acknowledged once all of
+        its groups are committed. A failure stops the worker (the launcher restarts it; committed
+        groups are reused)."""
+        limit = asyncio.Semaphore(self.cfg.rollout.max_concurrency)
+        running: dict[str, asyncio.Task] = {}
+
+        async def run_and_acknowledge(task: RolloutTask) -> None:
+            acknowledge(self.rd, task, self.index, await self.run_task(task, limit))
+
+        try:
+            while not self.rd.stopping:
+                for task in pending_tasks(self.rd, self.index):
+                    if task.name not in running:
+                        running[task.name] = asyncio.create_task(run_and_acknowledge(task))
+                for name, t in list(running.items()):
+                    if t.done():
+                        del running[name]
+                        t.result()  # a failure propagates
+                await asyncio.sleep(poll_s)
+        finally:
+            for t in running.values():
+                t.cancel()
+            await asyncio.gather(*running.values(), return_exceptions=True)
+        log.info("worker %d: stop requested", self.index)
+
+    async def run_task(self, task: RolloutTask, limit: asyncio.Semaphore | None = None) -> dict[str, Any]:
+        """This worker's share of a task: episodes → (teacher logprobs) → one committed shard, or
+        one per group (``task.shards == "group"``) as each group finishes."""
         from agent_r1.records.schema import records_to_table
         from agent_r1.records.shard import committed_shards, shard_name, write_shard
 
+        if task.shards == "group":
+            return await self._run_groups(task, limit)
         out_dir = self.rd.root / task.records_subdir
         done = [m for m in committed_shards(out_dir, task.iteration) if m.name == shard_name(self.index)]
         if done:  # committed before a restart: never generate (or train) a record twice
@@ -155,22 +190,75 @@ class Worker:
         )
         return metrics
 
-    async def _episodes(self, task: RolloutTask) -> list[Any]:
-        """Run this worker's rows of ``task`` on servers holding its weight version; when every
-        server it had dies, run the share again on the live ones (nothing was committed)."""
+    async def _run_groups(self, task: RolloutTask, limit: asyncio.Semaphore | None) -> dict[str, Any]:
+        """This worker's share, each group (a prompt and its ``group_size`` samples) committed as
+        its own shard the moment its last episode ends. Groups committed before a restart are
+        reused, never generated or trained twice; those that were in flight are issued again
+        (counted in the log). A group is committed whole or not at all."""
+        from agent_r1.records.schema import records_to_table
+        from agent_r1.records.shard import committed_shards, shard_name, write_shard
+
+        out_dir = self.rd.root / task.records_subdir
+        committed = {m.name for m in committed_shards(out_dir, task.iteration)}
+        share = list(enumerate(task.share(self.index)))  # (index in the share, (position, row))
+        todo = [(j, pos, r) for j, (pos, r) in share if shard_name(f"g{pos:06d}") not in committed]
+        if len(todo) < len(share):
+            log.info(
+                "%s: %d of %d groups already committed (reused); %d issued again",
+                task.name, len(share) - len(todo), len(share), len(todo),
+            )  # fmt: skip
+        t0 = time.time()
+
+        async def group(j: int, pos: int, r: int) -> tuple[list[Any], list[Any], int]:
+            trajs, errored = drop_env_errors(task.name, await self._episodes(task, [(j, r)], limit))
+            table = records_to_table([s for t in trajs for s in t.steps])
+            if task.teacher:
+                table = await self._with_teacher_logprobs(table, trajs)
+            return trajs, errored, write_shard(out_dir, task.iteration, f"g{pos:06d}", table).rows
+
+        done = await asyncio.gather(*(group(*g) for g in todo))
+        trajs = [t for ts, _, _ in done for t in ts]
+        metrics = episode_stats(trajs)
+        metrics.update(
+            rows=sum(n for _, _, n in done),
+            generate_s=time.time() - t0,
+            total_s=time.time() - t0,
+            env_errors=float(sum(len(e) for _, e, _ in done)),
+            reused=not todo,
+            reused_groups=len(share) - len(todo),
+        )
+        log.info(
+            "%s: %d groups (%d episodes), success %.3f, %d rows, %.1f s",
+            task.name, len(todo), len(trajs), metrics["success"] / max(len(trajs), 1), metrics["rows"],
+            metrics["total_s"],
+        )  # fmt: skip
+        return metrics
+
+    async def _episodes(
+        self,
+        task: RolloutTask,
+        share: list[tuple[int, int]] | None = None,
+        limit: asyncio.Semaphore | None = None,
+    ) -> list[Any]:
+        """Run this worker's rows of ``task`` (or ``share``: (index in the worker's share, row)
+        pairs, e.g. one group) on servers holding its weight version; when every server it had
+        dies, run them again on the live ones (nothing was committed)."""
         from agent_r1.agent.run_episodes import run_episodes
         from agent_r1.http_service import follow_published, published_urls
         from agent_r1.rollout.client import RolloutClient, RolloutError
 
         rc = self.cfg.rollout
-        rows = [self.rows(task.split)[r] for _, r in task.share(self.index)]
+        if share is None:
+            share = list(enumerate(r for _, r in task.share(self.index)))
+        rows = [self.rows(task.split)[r] for _, r in share]
         flow = task.episode.flow(task.seed)
         progress = self.rd.tasks / f"{task.name}.w{self.index}.progress"
         last = [0.0]
 
         def on_episode(n: int) -> None:
+            count = self._episodes_done[task.name] = self._episodes_done.get(task.name, 0) + 1
             if time.time() - last[0] > 0.5:
-                progress.write_text(str(n))
+                progress.write_text(str(count))
                 last[0] = time.time()
 
         for attempt in range(1, self.MAX_ATTEMPTS + 1):
@@ -203,6 +291,8 @@ class Worker:
                     progress=False,
                     on_episode=on_episode,
                     services=self.services,
+                    first_index=share[0][0] if len(share) == 1 else 0,
+                    limit=limit,
                 )
             except RolloutError as e:
                 if attempt == self.MAX_ATTEMPTS:
