@@ -212,10 +212,19 @@ def api_key_middleware(key: str):
     return check
 
 
-async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+# a connection that has not sent a whole request within this long (silent, or a slowloris sending
+# its headers byte by byte), or stays idle this long after its last answer, is closed. Longer than
+# the clients' own keep-alive (aiohttp's 15 s), so a client never reuses a connection being closed
+IDLE_TIMEOUT_S = 30.0
+
+
+async def start_site(
+    app: web.Application, host: str, port: int, idle_timeout_s: float = IDLE_TIMEOUT_S
+) -> tuple[web.AppRunner, int]:
     """Serve ``app`` on ``host:port`` (0 = a free port); returns the runner and the bound port.
-    handler_cancellation: a client that hangs up cancels its handler, which aborts its work."""
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    handler_cancellation: a client that hangs up cancels its handler, which aborts its work.
+    ``idle_timeout_s``: the header and idle timeout (a request being handled is never cut)."""
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, keepalive_timeout=idle_timeout_s)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
