@@ -30,7 +30,8 @@ class EngineSpec:
     router: bool = True  # may stand behind the sglang-router (speaks SGLang's API)
     helper_engine: str | None = None  # the engine that serves helper models (teacher, judge)
     memory_plan: bool = False  # `agent-r1 plan` sizes its servers' GPU memory
-    versions: str = ""  # the upstream releases the adapter and the push are checked against
+    # (the upstream releases an engine is checked against live with its transport, where they are
+    # enforced: weights/sglang.py SGLANG_OLDEST / SGLANG_BELOW, weights/vllm.py VLLM_OLDEST / VLLM_BELOW)
 
     def load(self, what: str) -> Any:
         """The object a field names (``api``, ``transport``, ``launcher``), imported now."""
@@ -61,7 +62,6 @@ ENGINES: dict[str, EngineSpec] = {
             launcher="agent_r1.engines.sglang:run_sglang",
             needs_gpu=True,
             memory_plan=True,
-            versions="0.5.6 <= sglang < 0.6 (update sessions from 0.5.21)",
         ),
         EngineSpec(
             "vllm",
@@ -73,7 +73,6 @@ ENGINES: dict[str, EngineSpec] = {
             disk_sync=False,
             router=False,
             helper_engine="embedded",  # helper models speak SGLang's API
-            versions="0.32 <= vllm < 0.33",
         ),
         EngineSpec(
             "external",

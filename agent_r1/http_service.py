@@ -17,6 +17,7 @@ import hmac
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -168,9 +169,14 @@ def lone_surrogate(obj: Any) -> str | None:
     return None
 
 
+# what a lone surrogate looks like in a raw body: escaped (\ud800-\udfff) or as UTF-8 bytes
+# (0xED 0xA0-0xBF); a body without either cannot hold one, and skips the walk over every value
+_SURROGATE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
 def _parse(raw: bytes) -> Any:
     body = json.loads(raw)
-    bad = lone_surrogate(body)
+    bad = lone_surrogate(body) if _SURROGATE_BYTES.search(raw) else None
     if bad is not None:
         raise BadRequest(bad)
     return body

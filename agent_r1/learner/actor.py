@@ -67,8 +67,7 @@ class Actor(ActorSteps, ActorCheckpoint):
         self.temperature = temperature
         self.backend = backend or Backend.here()
         self.device = self.backend.device
-        if self.backend.builds_for_gpu != bool(bridge.for_gpu):
-            bridge = self.bridge = dataclasses.replace(bridge, for_gpu=self.backend.builds_for_gpu)
+        bridge = self.bridge = dataclasses.replace(bridge, for_gpu=self.backend.builds_for_gpu)
         threads = torch.get_num_threads()
         self.governor = ThreadGovernor(threads) if self.device.type == "cpu" and threads > 1 else None
         self.hf_config = AutoConfig.from_pretrained(self.hf_dir)

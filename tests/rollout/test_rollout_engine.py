@@ -348,9 +348,11 @@ def test_abort_returns_partial(engine, codec):
     )
     frozen, done = _freeze_at(engine, reqs[0], 3)
     engine.submit(reqs)
-    assert frozen.wait(60)
-    engine.abort("long")
-    engine.resume()
+    try:
+        assert frozen.wait(60)
+        engine.abort("long")
+    finally:  # the module's engine serves the later tests
+        engine.resume()
     assert done.wait(60)
     r = reqs[0]
     assert r.finish["type"] == "abort" and len(r.out_ids) == 3 and len(r.out_logprobs) == 3
@@ -392,11 +394,13 @@ def test_pause_retract_continue(engine, codec):
     reqs = engine.make_requests(prompt, {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True})
     frozen, done = _freeze_at(engine, reqs[0], 5)
     engine.submit(reqs)
-    assert frozen.wait(60)
-    engine.pause("retract")  # from in place to retract: its KV goes, its tokens stay
-    assert reqs[0].finish is None and len(reqs[0].out_ids) == 5
-    assert not engine.running and reqs[0].state == "waiting"  # frozen, KV dropped
-    engine.resume()
+    try:
+        assert frozen.wait(60)
+        engine.pause("retract")  # from in place to retract: its KV goes, its tokens stay
+        assert reqs[0].finish is None and len(reqs[0].out_ids) == 5
+        assert not engine.running and reqs[0].state == "waiting"  # frozen, KV dropped
+    finally:  # the module's engine serves the later tests
+        engine.resume()
     assert done.wait(60)
     assert reqs[0].out_ids == ref.out_ids and reqs[0].retractions == 1  # recomputed, same greedy output
 
