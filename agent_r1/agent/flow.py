@@ -38,7 +38,7 @@ def action_step(
 ) -> StepRecord:
     """Step ``t``'s record: the observation and the action exactly as sampled (ids, logprobs,
     mask, version, finish reason), with the flow's other ``fields``."""
-    return StepRecord(
+    step = StepRecord(
         trajectory_id=trajectory_id,
         group_id=group_id,
         step_index=t,
@@ -50,6 +50,9 @@ def action_step(
         finish_reason=action.finish_reason.value,
         **fields,
     )
+    if action.version_spans:  # which version sampled which tokens of an interrupted action
+        step.info["version_spans"] = [list(s) for s in action.version_spans]
+    return step
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
@@ -130,6 +133,7 @@ class AgentFlow:
             logprobs=list(out.logprobs),
             finish_reason=out.finish_reason,
             policy_version=out.policy_version,
+            version_spans=list(out.version_spans),
         )
 
     @staticmethod

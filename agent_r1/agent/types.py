@@ -41,9 +41,11 @@ class Action:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason = FinishReason.STOP
-    policy_version: int = 0
+    policy_version: int = 0  # the version that sampled its first token
     # 1 = sampled by the policy; 0 = forced/injected (never trained on). Defaults to all ones.
     mask: list[int] | None = None
+    # [[version, tokens], ...] when weight updates interrupted it (``Completion.version_spans``)
+    version_spans: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.token_ids):

@@ -10,6 +10,7 @@ APIs lives in one ``ServerAPI`` (``server_api.py``), chosen by ``api``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -19,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from agent_r1.errors import AgentR1Error
-from agent_r1.rollout.protocol import Completion, SamplingParams
+from agent_r1.rollout.protocol import Completion, FinishReason, SamplingParams
 from agent_r1.rollout.server_api import ServerAPI, server_api
 
 
@@ -58,6 +59,22 @@ def to_completion(out: dict[str, Any]) -> Completion:
     return server_api().completion(out)
 
 
+MAX_RESENDS = 8  # how often one action may be interrupted by weight updates before it is kept aborted
+
+
+def merged_spans(spans: list[list[int]]) -> list[list[int]]:
+    """[[version, tokens], ...] with neighbours of one version joined and empty spans dropped."""
+    out: list[list[int]] = []
+    for v, n in spans:
+        if n == 0:
+            continue
+        if out and out[-1][0] == v:
+            out[-1][1] += n
+        else:
+            out.append([v, n])
+    return out
+
+
 class RolloutClient:
     def __init__(
         self,
@@ -68,9 +85,15 @@ class RolloutClient:
         cooldown_s: float = 5.0,
         api_key: str | None = None,
         api: str | ServerAPI = "embedded",
+        interrupt_tokens: int | None = None,
     ):
         """``api_key``: sent as ``Authorization: Bearer KEY`` (servers started with ``--api-key``);
-        ``api``: the servers' API (a ``rollout.engine`` name or a ``ServerAPI``)."""
+        ``api``: the servers' API (a ``rollout.engine`` name or a ``ServerAPI``);
+        ``interrupt_tokens``: set by a training run's workers, whose weight pushes may interrupt a
+        request (the embedded engine's ``drain`` pause past that many tokens, SGLang's ``abort``
+        pause): an aborted action is then resent on the new weights, continued from its tokens so
+        far when it has at least ``interrupt_tokens`` of them (> 0), else sampled again from the
+        start, so every token is one version's and the spans say which. None: aborts are final."""
         if not servers and not router:
             raise ValueError("RolloutClient needs servers or a router URL")
         self.servers = [s.rstrip("/") for s in servers or []]
@@ -85,6 +108,8 @@ class RolloutClient:
         self._session: aiohttp.ClientSession | None = None
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.api = server_api(api) if isinstance(api, str) else api
+        self.interrupt_tokens = interrupt_tokens
+        self.resent = 0  # actions resent after a weight update interrupted them
 
     # ---- plumbing --------------------------------------------------------------------------------
     async def _http(self) -> aiohttp.ClientSession:
@@ -173,6 +198,43 @@ class RolloutClient:
         sampling: SamplingParams,
         session: str | None = None,
         images: list[Any] | None = None,
+    ) -> Completion:
+        done = await self._complete(token_ids, sampling, session, images)
+        if self.interrupt_tokens is None:
+            return done
+        ids: list[int] = []
+        logprobs: list[float] = []
+        spans: list[list[int]] = []
+        for _ in range(MAX_RESENDS):
+            if done.finish_reason is not FinishReason.ABORT:
+                break
+            self.resent += 1
+            if 0 < self.interrupt_tokens <= len(done.token_ids):  # continue from its tokens so far
+                ids += done.token_ids
+                logprobs += done.logprobs
+                spans.append([done.policy_version, len(done.token_ids)])
+            left = sampling.max_new_tokens - len(ids)
+            if left <= 0:
+                break
+            more = dataclasses.replace(sampling, max_new_tokens=left)
+            done = await self._complete(list(token_ids) + ids, more, session, images)
+        if not spans:
+            return done
+        spans = merged_spans([*spans, [done.policy_version, len(done.token_ids)]])
+        return Completion(
+            ids + list(done.token_ids),
+            logprobs + list(done.logprobs),
+            done.finish_reason,
+            spans[0][0],
+            spans if len(spans) > 1 else [],
+        )
+
+    async def _complete(
+        self,
+        token_ids: list[int],
+        sampling: SamplingParams,
+        session: str | None,
+        images: list[Any] | None,
     ) -> Completion:
         req = self.api.generate(token_ids, sampling, images)
         server, out = await self._generate(req.path, req.body, session)

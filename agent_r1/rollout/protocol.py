@@ -15,6 +15,10 @@ from agent_r1.records.schema import FinishReason  # a step record's field; engin
 
 __all__ = ["Completion", "FinishReason", "GenerateFn", "SamplingParams"]
 
+# the abort message of a request a server interrupted for a weight update (the embedded engine's
+# ``drain`` pause): the client resends it as a continuation on the new weights
+INTERRUPTED_MESSAGE = "interrupted for a weight update"
+
 GREEDY_BELOW = 1e-5  # temperatures under this sample greedily (dividing logits by them overflows)
 
 
@@ -55,7 +59,10 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
-    policy_version: int = 0
+    policy_version: int = 0  # the version that sampled the first token
+    # an action a weight update interrupted: [[version, tokens it sampled], ...] in order; empty
+    # when one version sampled every token (every action not interrupted)
+    version_spans: list[list[int]] = field(default_factory=list)
 
 
 class GenerateFn(Protocol):

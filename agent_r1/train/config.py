@@ -208,6 +208,10 @@ class RolloutConfig:
     # each group committed as it finishes: the learner waits for its batch's groups, not a share)
     mode: str = "sync"
     max_staleness: int = 1  # async, stream: policy versions a record may lag behind the learner
+    # a weight push lets every in-flight action finish on the version it started with (step-atomic;
+    # the next step of each episode runs on the new one); > 0: an action already this many tokens
+    # long is interrupted instead and continued on the new weights (its tokens' versions recorded)
+    interrupt_tokens: int = 0
     weight_sync: str = "distributed"  # distributed (bucketed broadcast) | disk (safetensors)
     bucket_mb: int = 256
     request_timeout_s: float = 300.0
@@ -253,6 +257,7 @@ class RolloutConfig:
             f"sync, async or stream, got {self.mode!r}",
         )
         _check(self.max_staleness >= 0, "rollout.max_staleness", "must be >= 0")
+        _check(self.interrupt_tokens >= 0, "rollout.interrupt_tokens", "must be >= 0 (0: never interrupt)")
         _check(
             self.weight_sync in ("distributed", "disk"),
             "rollout.weight_sync",

@@ -278,6 +278,7 @@ class Worker:
                 timeout_s=rc.request_timeout_s,
                 api_key=self.api_key,
                 api=rc.engine,
+                interrupt_tokens=rc.interrupt_tokens,  # an action a weight push interrupted is resent
             )
             try:
                 return await run_episodes(

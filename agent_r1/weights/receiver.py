@@ -157,10 +157,24 @@ class WeightRoutes:
             version = need(body, "weight_version", "scalar", None)
             if need(body, "abort_all_requests", "bool", False):
                 self.engine.abort(abort_all=True)
-            await asyncio.to_thread(self.engine.update_weights_from_disk, path, version)
+            await asyncio.to_thread(
+                self._between_requests, self.engine.update_weights_from_disk, path, version
+            )
         except BadRequest as e:
             return _ok(False, str(e))
         return _ok(True, "Succeeded to update model weights.", num_paused_requests=0)
+
+    def _between_requests(self, update: Any, *args: Any) -> None:
+        """Run ``update`` once no request runs, as SGLang's writer lock does for an update outside a
+        pause: the running requests finish on the weights they started with, new ones wait."""
+        if self.engine.paused is not None:  # the pusher paused it already
+            update(*args)
+            return
+        self.engine.pause("drain")
+        try:
+            update(*args)
+        finally:
+            self.engine.resume()
 
     async def init_group(self, request: web.Request) -> web.Response:
         """Join the trainer's group in a thread of its own, within ``join_timeout_s``: a master that

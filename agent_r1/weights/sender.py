@@ -166,7 +166,14 @@ class WeightSender:
         log.info("weight update group with %d server(s)", len(servers))
 
     def _group(self, servers: list[str], name: str):
-        return self.transport(servers, self.address, self.backend, name, api_key=self.api_key)
+        return self.transport(
+            servers,
+            self.address,
+            self.backend,
+            name,
+            api_key=self.api_key,
+            interrupt_tokens=getattr(self.rollout, "interrupt_tokens", 0),
+        )
 
     def _drop_group(self) -> None:
         if self.group is not None:

@@ -7,8 +7,9 @@ ends join through the same calls as SGLang's ``init_custom_process_group``
 then torch's ``_new_process_group_helper``, which prefixes it again), so their store keys meet. A
 server of TP size ``t`` joins with ranks ``rank_offset .. rank_offset + t - 1``.
 
-One push is one session on every server: ``/pause_generation`` (retract: running requests go back
-to the queue and are recomputed with the new weights), ``/begin_weight_update`` (SGLang >= 0.5.21
+One push is one session on every server: ``/pause_generation`` (step-atomic: the embedded engine
+drains, every running action finishing on its version; SGLang aborts them and the workers resend
+them on the new weights; ``ServerProtocol.pause_body``), ``/begin_weight_update`` (SGLang >= 0.5.21
 refuses updates outside a session), one ``/update_weights_from_distributed`` + broadcast per
 flattened bucket (``flush_cache=false``; the last bucket carries the new ``weight_version``),
 ``/end_weight_update``, one ``/flush_cache``, ``/continue_generation``; then the version is verified.
@@ -23,7 +24,7 @@ import asyncio
 import re
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,16 @@ class ServerProtocol:
     url: str
     version: str
     tp_size: int = 1
+    drain: bool = False  # the embedded engine's step-atomic pause (``pause_modes`` in /server_info)
+
+    def pause_body(self, interrupt_tokens: int) -> dict:
+        """How a push pauses this server. Step-atomic either way: the embedded engine drains
+        (running actions finish on their version; past ``interrupt_tokens`` they are interrupted);
+        SGLang has no drain, so its in-flight actions are aborted and the workers' client resends
+        them on the new weights (from their tokens so far past ``interrupt_tokens``)."""
+        if self.drain:
+            return {"mode": "drain", "interrupt_tokens": int(interrupt_tokens)}
+        return PAUSE_BODY
 
     @property
     def sessions(self) -> bool:
@@ -90,7 +101,8 @@ def check_server_info(url: str, info: Any) -> ServerProtocol:
                 f"so its replicas / stages would share ranks; run one server per replica "
                 f"(rollout.sglang.tp only) or set rollout.weight_sync=disk"
             )
-    return ServerProtocol(url, version, int(info.get("tp_size") or 1))
+    drain = "drain" in (info.get("pause_modes") or ())
+    return ServerProtocol(url, version, int(info.get("tp_size") or 1), drain)
 
 
 def bucket_body(bucket: list[tuple[str, torch.Tensor]], group_name: str, version: str | None) -> dict:
@@ -108,7 +120,7 @@ def bucket_body(bucket: list[tuple[str, torch.Tensor]], group_name: str, version
 
 
 # the control calls of one push, in order (bodies as SGLang's request types take them)
-PAUSE_BODY = {"mode": "retract"}
+PAUSE_BODY = {"mode": "abort"}  # SGLang's: in-flight requests come back aborted, and are resent
 BEGIN_BODY: dict = {}
 END_BODY: dict = {}
 CONTINUE_BODY: dict = {}
@@ -138,6 +150,7 @@ class WeightUpdateGroup(PushedServers):
         group_name: str = "weight_update_group",
         rollout_client: RolloutClient | None = None,
         api_key: str | None = None,
+        interrupt_tokens: int = 0,
     ):
         """``rollout_client``: the client that generates; servers that miss an update are disabled
         in it until they have the new version. ``group_name`` is a prefix: every (re-)formed group
@@ -145,6 +158,7 @@ class WeightUpdateGroup(PushedServers):
         self.servers = [s.rstrip("/") for s in servers]
         self.rollout_client = rollout_client
         self.master_address, self.backend, self.prefix = master_address, backend, group_name
+        self.interrupt_tokens = interrupt_tokens  # see ``ServerProtocol.pause_body``
         self.group_name = group_name
         self.client = RolloutClient(servers=self.servers, api_key=api_key)
         self.group = None
@@ -182,9 +196,13 @@ class WeightUpdateGroup(PushedServers):
             if isinstance(a, BaseException) or (isinstance(a, dict) and a.get("success") is False)
         }
 
-    async def _control(self, path: str, body: dict, servers: list[str]) -> dict[str, str]:
+    async def _control(
+        self, path: str, body: dict | Callable[[str], dict], servers: list[str]
+    ) -> dict[str, str]:
+        """POST ``body`` (or ``body(server)``) to every server at once: server -> what failed."""
         answers = await asyncio.gather(
-            *(self.client.post(s, path, body) for s in servers), return_exceptions=True
+            *(self.client.post(s, path, body(s) if callable(body) else body) for s in servers),
+            return_exceptions=True,
         )
         return {s: f"{path}: {why}" for s, why in self._failed(servers, answers).items()}
 
@@ -241,7 +259,9 @@ class WeightUpdateGroup(PushedServers):
         t0 = time.perf_counter()
         all_buckets = list(buckets(named, bucket_bytes))
         sessions = [s for s in self.servers if self.protocols[s].sessions]
-        failed = await self._control("/pause_generation", PAUSE_BODY, self.servers)
+        failed = await self._control(
+            "/pause_generation", lambda s: self.protocols[s].pause_body(self.interrupt_tokens), self.servers
+        )
         failed |= await self._control("/begin_weight_update", BEGIN_BODY, sessions)
         where = "starting the update session"
         try:

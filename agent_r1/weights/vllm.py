@@ -1,10 +1,10 @@
 """vLLM's weight push: the trainer's end of vLLM's weight-transfer API (0.32).
 
-One push is one update on every server: ``/pause?mode=keep`` (running requests freeze: no episode
-is lost), ``/start_weight_update``, one ``/update_weights`` per bucket while the trainer broadcasts
-its bytes, ``/finish_weight_update`` with the new version, ``/reset_prefix_cache`` with
-``reset_running_requests`` (the KV computed with the old weights goes; the frozen requests go back
-to the queue and recompute theirs with the new weights, as SGLang's ``retract`` does), ``/resume``;
+One push is one update on every server: ``/pause?mode=wait`` (step-atomic: nothing new is
+scheduled and every running request finishes on the weights it started with; the next step of each
+episode runs on the new ones), ``/start_weight_update``, one ``/update_weights`` per bucket while the
+trainer broadcasts its bytes, ``/finish_weight_update`` with the new version, ``/reset_prefix_cache``
+(the KV computed with the old weights goes), ``/resume``;
 then ``/weight_info`` must say the version. A server outside the supported release window, or one
 without the RL routes (started without ``VLLM_SERVER_DEV_MODE=1``), is refused by name. The wire:
 NCCL from a GPU learner, ``agent_r1_gloo`` (``vllm_gloo.py``, the receiving end inside vLLM) from a
@@ -143,8 +143,10 @@ class VLLMWeightPush(PushedServers):
         group_name: str = "",
         rollout_client: RolloutClient | None = None,
         api_key: str | None = None,
+        interrupt_tokens: int = 0,
     ):
         del group_name  # every group gets a fresh name of its own
+        del interrupt_tokens  # vLLM's ``wait`` pause drains: every running action ends on its version
         self.servers = [s.rstrip("/") for s in servers]
         self.master_address = master_address
         self.transport = NCCLTransport() if backend == "nccl" else GlooTransport()
@@ -224,7 +226,7 @@ class VLLMWeightPush(PushedServers):
         if not self.ready:
             raise WeightSyncError("call init() before push()")
         t0 = time.perf_counter()
-        failed = await self._calls("/pause?mode=keep", None, self.servers)
+        failed = await self._calls("/pause?mode=wait", None, self.servers)
         try:
             if not failed:
                 failed |= await self._transfer(self.servers, list(named), str(version), bucket_bytes)

@@ -77,7 +77,7 @@ def test_request_bodies_validate_against_vllms_own_types(vllm_python, tmp_path):
         ("lm_head.weight", torch.ones(2, 4, dtype=torch.bfloat16)),
     ]
     routes = {
-        "POST /pause?mode=keep": None,
+        "POST /pause?mode=wait": None,
         "POST /resume": None,
         "POST /start_weight_update": None,
         "POST /init_weight_transfer_engine": {"init_info": GlooTransport().init_info(HOST, 1234, 1, 2, 60)},

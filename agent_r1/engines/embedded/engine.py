@@ -40,8 +40,12 @@ from agent_r1.engines.embedded.scheduler import Scheduler
 from agent_r1.engines.embedded.slot_model import SlotModel
 from agent_r1.engines.embedded.vision import VisionTower
 from agent_r1.http_service import BadRequest
+from agent_r1.rollout.protocol import INTERRUPTED_MESSAGE
 from agent_r1.vision.images import VisionSpec
 from agent_r1.vision.qwen2_vl import hf_module_name, is_vision_config
+
+PAUSE_MODES = ("abort", "retract", "in_place", "drain")
+INTERRUPTED = {"type": "abort", "message": INTERRUPTED_MESSAGE, "status_code": None, "err_type": None}
 
 log = logging.getLogger("agent_r1.engine")
 
@@ -98,7 +102,7 @@ class Engine(Intake, Scheduler, Decoder):
         self.weight_version = "default"
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.paused: str | None = None  # None | abort | retract | in_place
+        self.paused: str | None = None  # None | abort | retract | in_place | drain
         self.lock = threading.RLock()
         self.cv = threading.Condition(self.lock)
         self._stop = False
@@ -204,15 +208,35 @@ class Engine(Intake, Scheduler, Decoder):
             self.cv.notify_all()
             return n
 
-    def pause(self, mode: str = "abort") -> None:
-        if mode not in ("abort", "retract", "in_place"):
-            raise BadRequest(f"mode: must be abort, retract or in_place, got {mode!r}")
+    def pause(self, mode: str = "abort", interrupt_tokens: int = 0) -> int:
+        """SGLang's modes (``abort``, ``retract``, ``in_place``) and ``drain``, the step-atomic one
+        a weight push uses: nothing new is admitted, every running request finishes on the weights
+        it started with, and the call returns once none runs; with ``interrupt_tokens`` > 0 a
+        running request that has already generated that many tokens is aborted instead (its tokens
+        so far come back, finish reason ``abort``, message ``INTERRUPTED``: the client resends it
+        as a continuation). Returns how many requests were interrupted (aborted, for ``abort``)."""
+        if mode not in PAUSE_MODES:
+            raise BadRequest(f"mode: must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
+        if mode == "drain" and interrupt_tokens < 0:
+            raise BadRequest(f"interrupt_tokens: must be >= 0, got {interrupt_tokens}")
+        n = 0
         with self._control():
             self.paused = mode
             if mode == "abort":
-                self.abort(abort_all=True)
+                n = self.abort(abort_all=True)
             elif mode == "retract":
                 self._retract_running()
+            elif mode == "drain" and interrupt_tokens > 0:
+                for r in self.running:
+                    if r.state != "done" and len(r.out_ids) >= interrupt_tokens:
+                        self._finish(r, dict(INTERRUPTED))
+                        n += 1
+                self._retire()
+        if mode == "drain":  # wait outside ``_control``: the scheduler must keep stepping
+            with self.cv:
+                while self.running and self.paused == "drain" and not self._stop:
+                    self.cv.wait(timeout=0.05)
+        return n
 
     def resume(self) -> None:
         with self._control():

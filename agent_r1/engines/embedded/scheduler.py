@@ -26,7 +26,7 @@ class Scheduler:
             torch.set_num_threads(threads)  # OpenMP settings are per thread
         while True:
             with self.cv:
-                while not self._stop and (self.paused is not None or not (self.waiting or self.running)):
+                while not self._stop and not self._has_work():
                     self.cv.wait(timeout=0.5)
                 if self._stop:
                     return
@@ -37,6 +37,13 @@ class Scheduler:
                     self._isolate()
             while self._waiters:  # let control calls (abort, pause, weights) in between steps
                 time.sleep(0.0002)
+
+    def _has_work(self) -> bool:
+        """Something to step: running requests (only those while draining for a weight update:
+        nothing new is admitted), or waiting ones when not paused."""
+        if self.paused == "drain":
+            return bool(self.running)
+        return self.paused is None and bool(self.waiting or self.running)
 
     def run_until_idle(self) -> None:
         """Step in the calling thread until nothing is waiting or running (benchmarks, tools)."""
@@ -121,7 +128,7 @@ class Scheduler:
         """Admit waiting requests in order; one that shares its prompt with a request still
         prefilling waits (it will be forked from it) and does not hold back the ones behind it."""
         held: list[Request] = []
-        while self.waiting and len(self.running) < self.max_running:
+        while self.waiting and len(self.running) < self.max_running and self.paused is None:
             r = self.waiting.popleft()
             if r.state == "done":
                 continue

@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agent_r1.engines.embedded.engine import Engine, checkpoint_tensors
+from agent_r1.engines.embedded.engine import PAUSE_MODES, Engine, checkpoint_tensors
 from agent_r1.engines.embedded.generate import GenerateRoutes
 from agent_r1.http_service import (
     BadRequest,
@@ -39,6 +39,7 @@ SGLANG_PROTOCOL = "0.5.23"
 
 # what upstream SGLang 0.5.x serves of this server's routes; `--strict` serves only these (the rest
 # answer 404), so code that works against a strict server works against real SGLang
+UPSTREAM_PAUSE_MODES = ("abort", "retract", "in_place")  # SGLang's PauseGenerationReqInput
 UPSTREAM_ENDPOINTS = frozenset(
     {
         "/generate",
@@ -95,7 +96,7 @@ class Server(GenerateRoutes):
         """``strict``: serve only what upstream SGLang serves (``UPSTREAM_ENDPOINTS``).
         ``sglang_version``: the release whose protocol to speak; from 0.5.21 weights load only
         inside a ``/begin_weight_update`` ... ``/end_weight_update`` session, as SGLang's do."""
-        self.engine, self.host, self.port = engine, host, port
+        self.engine, self.host, self.port, self.strict = engine, host, port, strict
         self.max_batch_seqs = max_batch_seqs  # sequences (prompts x n) one /generate may ask for
         v = release(sglang_version)
         if v is None:
@@ -168,6 +169,8 @@ class Server(GenerateRoutes):
                 "version": self.sglang_version,
                 "engine": ENGINE,
                 "internal_states": [{**e.loads(), **e.stats}],
+                # not SGLang's: the pause modes, ``drain`` among them (a push's step-atomic pause)
+                **({} if self.strict else {"pause_modes": list(PAUSE_MODES)}),
             }
         )
 
@@ -218,12 +221,18 @@ class Server(GenerateRoutes):
         return web.Response(status=200)
 
     async def pause(self, request: web.Request) -> web.Response:
+        """SGLang's pause, and (not strict) ``drain``: answered once no request runs."""
         try:
             body = await self._body(request)
-            self.engine.pause(body.get("mode", "abort"))
+            mode = body.get("mode", "abort")
+            if self.strict and mode not in UPSTREAM_PAUSE_MODES:
+                raise BadRequest(f"mode: must be one of {', '.join(UPSTREAM_PAUSE_MODES)}, got {mode!r}")
+            interrupt = need(body, "interrupt_tokens", "index", 0)
+            interrupted = await asyncio.to_thread(self.engine.pause, mode, interrupt)
         except BadRequest as e:
             return error_response(str(e))
-        return json_response({"message": "Generation paused successfully.", "status": "ok"})
+        out = {"message": "Generation paused successfully.", "status": "ok"}
+        return json_response(out if self.strict else {**out, "interrupted": interrupted})
 
     async def resume(self, request: web.Request) -> web.Response:
         self.engine.resume()
