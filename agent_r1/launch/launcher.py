@@ -124,9 +124,10 @@ class Proc:
     restarts: int = 0
     log_file: Any = field(default=None, repr=False)
     published: Path | None = None  # the address it publishes (removed when it is restarted)
+    cpus: list[int] | None = None  # pinned to these CPUs (``cluster.local_cpus``), with its threads
 
     def start(self) -> None:
-        die_with_me = die_with_parent()  # a killed launcher leaves no role behind
+        die_with_me = pinned(die_with_parent(), self.cpus)  # a killed launcher leaves no role behind
         if self.console:  # rank 0 shows the progress bars and the per-iteration line
             self.popen = subprocess.Popen(
                 self.cmd, env=self.env, start_new_session=False, preexec_fn=die_with_me
@@ -158,6 +159,20 @@ class Proc:
             self.log_file.close()
 
 
+def pinned(preexec: Any, cpus: list[int] | None) -> Any:
+    """``preexec`` then, in the child before exec, its CPU affinity set to ``cpus`` (every thread
+    it starts inherits it, and ``cpus.usable_cpus`` sizes its thread pools from it)."""
+    if not cpus:
+        return preexec
+
+    def child() -> None:
+        if preexec is not None:
+            preexec()
+        os.sched_setaffinity(0, cpus)
+
+    return child
+
+
 def tail(path: Path, n: int = 40) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
@@ -184,7 +199,10 @@ class LocalLauncher:
         env = dict(self.base_env, **(extra_env or {}))
         cmd = role_command(spec.name, self.rd.root, index)
         log_path, published = self.rd.logs / f"{name}.out", spec.published(self.rd, name)
-        self.procs.append(Proc(name, cmd, env, log_path, not spec.learner, console, published=published))
+        cpus = self.cfg.cluster.local_cpus.get(spec.name)
+        self.procs.append(
+            Proc(name, cmd, env, log_path, not spec.learner, console, published=published, cpus=cpus)
+        )
 
     def start(self) -> None:
         cfg = self.cfg
@@ -193,6 +211,12 @@ class LocalLauncher:
             self.rd.control / "launch.json",
             {"launch_id": self.launch, "time": time.time(), "launcher": "local"},
         )
+        usable = os.sched_getaffinity(0)
+        for kind, cpus in cfg.cluster.local_cpus.items():
+            if not set(cpus) <= usable:
+                raise UsageError(
+                    f"cluster.local_cpus.{kind}={cpus}: this process may only use CPUs {sorted(usable)}"
+                )
         spec = engine_spec(cfg.rollout.engine)
         if spec.needs_gpu:
             raise UsageError(

@@ -28,6 +28,8 @@ from typing import Any
 
 from agent_r1.engine_spec import engine_spec
 from agent_r1.errors import AgentR1Error
+from agent_r1.launch.projection import Outcome, compare, long_tail_workload
+from agent_r1.launch.projection import table as projection_table
 from agent_r1.train.config import TrainConfig, load_config
 
 GiB = 1 << 30
@@ -291,6 +293,8 @@ class Plan:
     gpu_mem: int
     stages: list[StagePlan] = field(default_factory=list)
     rollout: RolloutPlan | None = None
+    projection: list[Outcome] = field(default_factory=list)  # the rollout modes on this cluster
+    projection_inputs: str = ""
 
     @property
     def errors(self) -> list[str]:
@@ -353,6 +357,9 @@ class Plan:
                 f"at once; one push moves {r.push_bytes / GiB:.2f} GiB to each server (staged in "
                 "learner rank 0's host memory, one tensor at a time through its GPU)",
             ]
+        if self.projection:
+            lines += ["", f"rollout modes on this cluster (a model: {self.projection_inputs})"]
+            lines += projection_table(self.projection)
         lines += [
             "",
             "fits" if self.fits else "DOES NOT FIT",
@@ -423,7 +430,43 @@ def plan(overrides: list[str]) -> Plan:
         proc.join()
         result.stages.append(StagePlan(**got))
     result.rollout = rollout_plan(cfg, hf_config, max(s.push_bytes for s in result.stages))
+    if result.rollout is not None:
+        result.projection, result.projection_inputs = project(cfg, result.rollout)
     return result
+
+
+# what the projection assumes of one GPU (an H100 SXM): decode streams the weights once per step at
+# this share of HBM bandwidth; an update runs at this share of dense bf16 peak
+DECODE_BYTES_PER_S = 0.6 * 3.35e12
+TRAIN_FLOPS = 0.4 * 989e12
+PUSH_BYTES_PER_S = 20e9  # one push, NCCL over the cluster's network
+
+
+def project(cfg: TrainConfig, r: RolloutPlan) -> tuple[list[Outcome], str]:
+    """Sync, one-step-off and streaming on the preset's GPUs for a long-tail agentic workload
+    (``projection.long_tail_workload``: steps and tool latencies Pareto, at most
+    ``episode.max_steps``), costs from the model's size: a decoded token costs one read of a
+    server GPU's weights, a trained token 8 x parameters FLOPs (forward and backward, and the
+    recomputed old logprobs) over the learner GPUs, a push its bytes at 20 GB/s."""
+    rc, ep = cfg.rollout, cfg.episode
+    import torch
+
+    params = r.push_bytes / torch.empty((), dtype=getattr(torch, cfg.model.dtype)).element_size()
+    token_s = r.weights_per_gpu / DECODE_BYTES_PER_S
+    step_tokens = ep.max_action_tokens + ep.max_obs_tokens / 2
+    learners = cfg.parallel.learner_ranks
+    per_step_s = 8 * params * step_tokens / (learners * TRAIN_FLOPS)
+    slots = max(1, r.episodes_per_server) * rc.servers
+    work = long_tail_workload(
+        24, rc.prompts_per_iteration * rc.group_size, token_s, max_steps=max(2, ep.max_steps),
+        tokens=ep.max_action_tokens,
+    )  # fmt: skip
+    inputs = (
+        f"{rc.servers * r.tp} rollout GPUs holding {slots} episodes at once, {learners} learner GPUs; "
+        f"{token_s * 1e3:.1f} ms per decoded token, {per_step_s:.3f} s of update per step record; "
+        "steps and tool latencies heavy-tailed, see agent_r1/launch/projection.py"
+    )
+    return compare(work, slots, r.push_bytes / PUSH_BYTES_PER_S, per_step_s), inputs
 
 
 def to_json(p: Plan) -> str:

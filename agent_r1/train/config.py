@@ -377,6 +377,9 @@ class ClusterConfig:
     extra_sbatch: list[str] = field(default_factory=list)
     python: str | None = None  # interpreter on the nodes (default: the one running `agent-r1 launch`)
     gpu_mem_gb: float = 80.0  # memory per GPU (H100 80, H200 141): what `agent-r1 plan` fits against
+    # the local launcher: the CPUs each kind of role may run on, e.g. {learner: [0], server: [1],
+    # worker: [1]} (roles on disjoint cores, as a cluster has them); a kind not named runs anywhere
+    local_cpus: dict[str, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check(
@@ -393,6 +396,12 @@ class ClusterConfig:
             "must be >= 0 / >= 1",
         )
         _check(self.gpu_mem_gb > 0, "cluster.gpu_mem_gb", f"must be > 0, got {self.gpu_mem_gb}")
+        for kind, cpus in self.local_cpus.items():
+            _check(
+                bool(cpus) and all(isinstance(c, int) and c >= 0 for c in cpus),
+                f"cluster.local_cpus.{kind}",
+                f"a non-empty list of CPU numbers, got {cpus!r}",
+            )
         _check(
             not (self.container_image and self.apptainer_image),
             "cluster.container_image",

@@ -67,6 +67,10 @@ def test_every_gpu_preset_fits_its_gpus(plans: dict[str, dict], preset: str) -> 
             assert s["max_microbatch_tokens"] % 16 == 0, s
     r = p["rollout"]
     assert r["push_bytes"] == max(s["push_bytes"] for s in p["stages"]) > 0
+    # what streaming would buy on the preset's GPUs (the model itself: test_projection.py)
+    rate = {o["mode"]: o["steps_per_s"] for o in p["projection"]}
+    assert set(rate) == {"sync", "one_step_off", "stream_eta1", "stream_eta2", "stream_eta4"}
+    assert rate["stream_eta4"] >= rate["stream_eta1"] >= rate["sync"] > 0
     assert r["episodes_per_server"] >= 1 and r["kv_tokens"] >= r["episode_tokens"]
 
 

@@ -111,3 +111,25 @@ def test_every_recipe_meets_the_protocol_and_a_broken_one_is_named():
         Recipe.of("mine", broken)
     with pytest.raises(ValueError, match="rollout.env_server: recipe gsm8k has no environment service"):
         load_recipe("gsm8k").server()
+
+
+def test_longtail_job_answers_pending_until_polled_and_the_demonstration_scores(codec):
+    """arithmetic_longtail: the job answers "pending" for a row's first polls - 1 calls, each after
+    the row's latency, then the result; the demonstrator's polls end in a full reward."""
+    data = load_recipe("arithmetic_longtail").data
+    rows = data.build_rows("train", 400, seed=0, delay_s=0.0, max_delay_s=0.0)
+    polls = [r.extra_info["polls"] for r in rows]
+    assert max(polls) == data.MAX_STEPS - 1 and polls.count(1) > len(polls) / 2  # a heavy tail
+    assert (
+        data.build_rows("train", 5, seed=0)[0].extra_info == data.build_rows("train", 5, seed=0)[0].extra_info
+    )
+    row = next(r for r in rows if r.extra_info["polls"] == 3)
+    (demo,) = data.demonstrations([row], tool_rate=1.0)
+    assert len(demo) == 4
+    traj = asyncio.run(
+        AGENTS.get(row.agent_name)
+        .build(ScriptedPolicy(codec, demo), codec, FlowConfig(max_steps=8))
+        .run(row, "t", "g")
+    )
+    assert [s.feedback.count(data.PENDING) for s in traj.steps] == [1, 1, 0, 0]
+    assert traj.steps[-1].reward == 1.0 and len(traj.steps) == 4
