@@ -90,6 +90,7 @@ class Coordinator:
             cfg.rollout, rd.servers, rd.weights, node_address(), rd.api_key(), alive
         )
         self.next_resync = 0.0
+        self.idle_seen: dict[str, float] = {}  # each server's idle seconds at the last report
 
     # ---- rollout tasks ---------------------------------------------------------------------------
     def task(self, kind: str, iteration: int, version: int) -> RolloutTask:
@@ -146,7 +147,30 @@ class Coordinator:
         )
         stats["reused"] = not acks or all(a.get("reused") for a in acks)
         stats["generate_s"] = max((a.get("generate_s", 0.0) for a in acks), default=0.0)
+        if acks and all("generated_episodes" in a for a in acks):
+            for k in ("generated_episodes", "generated_steps"):
+                stats[k] = sum(a[k] for a in acks)
         return stats
+
+    def server_idle_seconds(self) -> float | None:
+        """Mean seconds the live servers' engines had nothing to run since the last call (the
+        embedded engine reports it; None when no server does)."""
+        from agent_r1.rollout.client import probe
+
+        urls = self.publisher.live_servers()
+        answers = self.publisher.loop.run_until_complete(
+            probe(urls, "/server_info", api_key=self.rd.api_key())
+        )
+        idle = {}
+        for u, a in zip(urls, answers, strict=True):
+            states = a.get("internal_states") if isinstance(a, dict) else None
+            if states and isinstance(states[0], dict) and "idle_s" in states[0]:
+                idle[u] = float(states[0]["idle_s"])
+        spans = [
+            v - self.idle_seen[u] for u, v in idle.items() if u in self.idle_seen and v >= self.idle_seen[u]
+        ]
+        self.idle_seen = idle
+        return sum(spans) / len(spans) if spans else None
 
     def _wait(self, task: RolloutTask) -> list[dict[str, Any]]:
         total = len(task.rows) * task.group_size

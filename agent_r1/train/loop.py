@@ -307,6 +307,19 @@ class Trainer(WarmStart):
             times.get("time/train", 1e-9), 1e-9
         )
         m["policy/version"] = float(self.state["version"])
+        if pooled.get("generated_episodes"):  # 0 unless something generated was kept from training
+            m["length_bias/steps_per_episode"] = pooled["steps"] / max(pooled["episodes"], 1.0) - (
+                pooled["generated_steps"] / pooled["generated_episodes"]
+            )
+        if self.coord is not None:
+            idle = self.coord.server_idle_seconds()
+            if idle is not None:
+                m["time/server_idle"] = idle
+        # how many versions behind the trained policy each step's action was sampled
+        trained = self.state["version"] - 1
+        self.reporter.histogram(
+            "staleness/steps", trained - table.column("policy_version").to_numpy(zero_copy_only=False), it + 1
+        )
         self.reporter.scalars(m, it + 1)
         for i, text in enumerate(sample_text(self.codec, table, self.cfg.trainer.sample_trajectories)):
             self.reporter.text(f"samples/{i}", text, it + 1)

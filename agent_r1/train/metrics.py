@@ -110,6 +110,10 @@ class Reporter:
                 self.writer.add_scalar(k, float(v), step)
         self.writer.flush()
 
+    def histogram(self, tag: str, values: Any, step: int) -> None:
+        if self.writer is not None and len(values):
+            self.writer.add_histogram(tag, values, step)
+
     def text(self, tag: str, text: str, step: int) -> None:
         if self.writer is not None:
             self.writer.add_text(tag, text, step)
@@ -130,6 +134,7 @@ def console_line(iteration: int, total: int, m: dict[str, float]) -> str:
         f"gnorm {g('grad_norm', '{:.2f}')} | eval {g('eval/success')} "
         f"| gen {g('time/generate', '{:.1f}')}s train {g('time/train', '{:.1f}')}s "
         f"sync {g('time/weight_sync', '{:.2f}')}s"
+        + (f" | stale max {m['staleness/max']:.0f}" if m.get("staleness/max") else "")
     )
 
 

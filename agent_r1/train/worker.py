@@ -87,6 +87,15 @@ def drop_env_errors(name: str, trajs: list[Any]) -> tuple[list[Any], list[Any]]:
     return [t for t in trajs if not t.metrics.get("env_error")], errored
 
 
+def generated(trajs: list[Any]) -> dict[str, float]:
+    """Every episode generated, those an environment error keeps from training included: the
+    length-bias check compares the trained ones against them."""
+    return {
+        "generated_episodes": float(len(trajs)),
+        "generated_steps": float(sum(len(t.steps) for t in trajs)),
+    }
+
+
 class Worker:
     MAX_ATTEMPTS = 5  # a share whose servers all died is run again (nothing of it was committed)
 
@@ -180,6 +189,7 @@ class Worker:
         metrics.update(
             rows=meta.rows, generate_s=gen_s, total_s=time.time() - t0, env_errors=float(len(errored))
         )
+        metrics.update(generated(trajs + errored))
         log.info(
             "%s: %d episodes, success %.3f, %d rows, %.1f s",
             task.name,
@@ -227,6 +237,7 @@ class Worker:
             reused=not todo,
             reused_groups=len(share) - len(todo),
         )
+        metrics.update(generated(trajs + [t for _, e, _ in done for t in e]))
         log.info(
             "%s: %d groups (%d episodes), success %.3f, %d rows, %.1f s",
             task.name, len(todo), len(trajs), metrics["success"] / max(len(trajs), 1), metrics["rows"],

@@ -58,6 +58,18 @@ def test_stream_trains_every_group_once_within_the_staleness_bound(tiny_model_di
     # generation overlapped training: some trained steps came from the version before the learner's
     assert max(v for _, v in scalars["staleness/stale_fraction"]) > 0
     assert max(v for _, v in scalars["staleness/max"]) <= 1
+    # nothing dropped: the trained episodes' lengths are the generated ones'
+    assert [v for _, v in scalars["length_bias/steps_per_episode"]] == [0.0] * 4
+    assert len(scalars["time/server_idle"]) >= 3 and all(v >= 0 for _, v in scalars["time/server_idle"])
+    # staleness per trained step, as a histogram per iteration: within the bound
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"histograms": 0})
+    acc.Reload()
+    hist = acc.Histograms("staleness/steps")
+    assert [h.step for h in hist] == [1, 2, 3, 4]
+    assert all(0 <= h.histogram_value.min and h.histogram_value.max <= 1 for h in hist)
+    assert max(h.histogram_value.max for h in hist) == 1  # some steps one version old
 
 
 def _first_observations(run: Path, it: int) -> Counter:

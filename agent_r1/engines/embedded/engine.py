@@ -117,6 +117,7 @@ class Engine(Intake, Scheduler, Decoder):
             "cached_tokens": 0,
             "steps": 0,
             "shared_prefix_steps": 0,
+            "idle_s": 0.0,  # seconds the scheduler had nothing to run (waiting, or paused)
         }
 
     def _eos_ids(self, cfg: Any) -> set[int]:

@@ -27,7 +27,9 @@ class Scheduler:
         while True:
             with self.cv:
                 while not self._stop and not self._has_work():
+                    t0 = time.perf_counter()
                     self.cv.wait(timeout=0.5)
+                    self.stats["idle_s"] += time.perf_counter() - t0
                 if self._stop:
                     return
                 try:
