@@ -1,9 +1,9 @@
 """arithmetic_tool's problems as a long-tail agentic workload (``tools/bench/stream.py``): the
 calculator is a remote job that answers "pending" until it has been polled the row's number of
 times, each call taking the row's latency. Both are drawn per row from heavy-tailed (Pareto)
-distributions with a fixed seed, so most episodes take two or three steps and a fraction of a
-second of tool time, and a few take the step limit and seconds: the tail a synchronous iteration
-waits for. The reward, the demonstrations (a noisy demonstrator that polls until the result) and
+distributions with a fixed seed, so most episodes take two steps and under a second of tool
+time (a search, a code run), and a few take the step limit and tens of seconds: the tail a
+synchronous iteration waits for. The reward, the demonstrations (a noisy demonstrator that polls until the result) and
 the held-out split are arithmetic_tool's.
 """
 
@@ -34,9 +34,9 @@ def build_rows(
     difficulty: int = 1,
     polls_alpha: float = 1.3,
     max_polls: int = MAX_STEPS - 1,
-    delay_s: float = 0.05,
+    delay_s: float = 0.3,
     delay_alpha: float = 1.2,
-    max_delay_s: float = 2.0,
+    max_delay_s: float = 3.0,
 ) -> list[DataRow]:
     """Rows for ``split`` (disjoint seed streams per split, as arithmetic_tool's); each row's job
     needs ``polls`` calls (Pareto(``polls_alpha``) rounded down, 1..``max_polls``) of ``delay`` s

@@ -198,7 +198,7 @@ def test_a_hung_agent_ends_as_env_error_within_its_limit_and_leaves_nothing(code
     row = arithmetic.build_rows("test", 1)[0]
     t0 = time.monotonic()
     traj, _ = run_one(codec, command_agent(HANG, timeout_s=3), row, ["a"])
-    assert time.monotonic() - t0 < 8
+    assert time.monotonic() - t0 < 60  # the agent sleeps 1000 s: its 3 s limit ended it (named below)
     assert traj.metrics["env_error"] == 1.0 and "timeout_s=3" in traj.steps[-1].info["env_error"]
     assert eventually(lambda: _left_behind("301.5"), lambda left: left == []) == []
 

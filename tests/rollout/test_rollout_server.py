@@ -173,49 +173,70 @@ def wait_decoding(url, before: int, timeout: float = 30) -> None:
         time.sleep(0.002)
 
 
+def caught_midway(url: str, interrupt, after=lambda: None) -> dict:
+    """A 900-token request (rid ``slow``) ``interrupt``-ed once it decodes, then ``after()``. The
+    tiny model samples 900 tokens in about 0.3 s, so on a busy machine one can end before the
+    interrupt lands: then another is started, until one is caught mid-way (a guard of 120 s
+    against a hang)."""
+    long = {
+        "input_ids": [1, 2, 3],
+        "rid": "slow",
+        "sampling_params": {"max_new_tokens": 900, "ignore_eos": True},
+    }
+    deadline = time.time() + 120
+    while True:
+        box = {}
+        before = generated(url)
+        t = threading.Thread(target=lambda b=box: b.update(r=gen(url, long)))
+        t.start()
+        wait_decoding(url, before)
+        interrupt()
+        t.join(60)
+        after()
+        st, out = box["r"]
+        assert st == 200, out
+        if out["meta_info"]["finish_reason"]["type"] == "abort":
+            return out
+        assert time.time() < deadline, "every request finished before its interrupt"
+
+
 def test_abort_and_pause_over_http(cluster):
     _, (s, _) = cluster
-    box = {}
-    long = {"sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}
+
+    def loads() -> dict:
+        return http("GET", s.url + "/v1/loads")[1]["loads"][0]
+
+    def resume() -> None:
+        assert http("POST", s.url + "/continue_generation", {})[0] == 200
+
     try:
-        before = generated(s.url)
-        t = threading.Thread(
-            target=lambda: box.update(r=gen(s.url, {"input_ids": [1, 2, 3], "rid": "slow", **long}))
-        )
-        t.start()
-        wait_decoding(s.url, before)
-        assert http("POST", s.url + "/abort_request", {"rid": "slow"})[0] == 200
-        t.join(30)
-        st, out = box["r"]
-        assert (
-            st == 200
-            and out["meta_info"]["finish_reason"]["type"] == "abort"
-            and 0 < len(out["output_ids"]) < 900
-        )
-        # in_place pause: a new request waits until continue
+        out = caught_midway(s.url, lambda: http("POST", s.url + "/abort_request", {"rid": "slow"}))
+        assert 0 < len(out["output_ids"]) < 900
+        # in_place pause: a new request waits until continue, nothing sampled for it meanwhile
         assert http("POST", s.url + "/pause_generation", {"mode": "in_place"})[1]["status"] == "ok"
+        box = {}
+        before = generated(s.url)
         t = threading.Thread(
             target=lambda: box.update(
                 p=gen(s.url, {"input_ids": [5], "sampling_params": {"max_new_tokens": 2}})
             )
         )
         t.start()
-        time.sleep(0.5)
-        assert "p" not in box
-        assert http("POST", s.url + "/continue_generation", {})[0] == 200
+        deadline = time.time() + 60
+        while loads()["num_waiting_reqs"] + loads()["num_running_reqs"] == 0:  # it has arrived
+            assert time.time() < deadline, "the request never reached the engine"
+            time.sleep(0.01)
+        assert "p" not in box and generated(s.url) == before
+        resume()
         t.join(30)
         assert box["p"][0] == 200
         assert http("POST", s.url + "/pause_generation", {"mode": "sideways"})[0] == 400
-        # abort mode: in-flight requests come back aborted
-        before = generated(s.url)
-        t = threading.Thread(target=lambda: box.update(a=gen(s.url, {"input_ids": [1, 2], **long})))
-        t.start()
-        wait_decoding(s.url, before)
-        assert http("POST", s.url + "/pause_generation", {"mode": "abort"})[0] == 200
-        t.join(30)
-        assert box["a"][1]["meta_info"]["finish_reason"]["type"] == "abort"
+        # abort mode: in-flight requests come back aborted, with what they had sampled
+        pause = {"mode": "abort"}
+        out = caught_midway(s.url, lambda: http("POST", s.url + "/pause_generation", pause), resume)
+        assert 0 < len(out["output_ids"]) < 900
     finally:  # the next tests share this server: never leave it paused
-        assert http("POST", s.url + "/continue_generation", {})[0] == 200
+        resume()
 
 
 def test_router_in_front_of_two_servers(cluster, tmp_path):

@@ -159,12 +159,16 @@ def test_long_prompt_text_is_tokenised_off_the_event_loop(server, path, body):
             time.sleep(0.05)
 
     with ThreadPoolExecutor(2) as ex:
+        t0 = time.time()
         big = ex.submit(http, "POST", server.url + path, body(text), 120)
         time.sleep(0.3)  # the tokenisation is under way
         ex.submit(health).result(timeout=120)
         status, out = big.result(timeout=120)
+        took = time.time() - t0
     assert status == 400 and "context length 1024" in json.dumps(out), str(out)[:300]
-    assert max(slowest) < 2.0, slowest
+    # a loop blocked by the tokenisation answers /health only once it is done: the slowest answer
+    # would take most of the big request's time; relative, so a busy machine slows both alike
+    assert max(slowest) < max(0.25 * took, 1.0), (slowest, took)
 
 
 def test_weight_paths_the_server_cannot_use_are_400s_never_a_hang(server, tmp_path):

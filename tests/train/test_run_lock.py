@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -30,9 +29,8 @@ def test_live_owner_refuses_and_dead_owner_is_taken_over(tmp_path):
             RunLock(rd).acquire()
         os.kill(holder.pid, signal.SIGKILL)  # dies without releasing anything
         holder.wait(10)
-        t0 = time.time()
-        lock = RunLock(rd).acquire("the successor")  # the kernel released the dead owner's lock
-        assert time.time() - t0 < 1
+        # never blocks (LOCK_NB): it succeeds because the kernel released the dead owner's lock
+        lock = RunLock(rd).acquire("the successor")
         assert f'"pid": {os.getpid()}' in rd.lock_file.read_text()
         lock.release()
     finally:

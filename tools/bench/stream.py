@@ -16,7 +16,7 @@ median of the repeats is reported.
     python tools/bench/stream.py [--iterations 12] [--repeats 3] [--etas 1 2 4] [--sft-steps 1200]
 
 Ends with ``BENCH stream_longtail_eta<k> trained_steps_per_s=... baseline=sync ratio=...`` and
-``... baseline=one_step_off ratio=...`` per eta, and one line with each mode's held-out success.
+``... baseline=one_step_off ratio=...`` per eta, after one line with each mode's held-out success.
 """
 
 from __future__ import annotations
@@ -115,6 +115,7 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--sft-steps", type=int, default=1200)
     ap.add_argument("--out", help="keep the runs here (default: a temporary folder)")
+    ap.add_argument("--warm-model", help="a warm start exported by an earlier run of this benchmark")
     a = ap.parse_args()
     modes = {
         "sync": ["rollout.mode=sync"],
@@ -124,7 +125,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="agent_r1_stream_") as tmp:
         out = Path(a.out or tmp)
         out.mkdir(parents=True, exist_ok=True)
-        model = warm_start(out, a)
+        model = Path(a.warm_model) if a.warm_model else warm_start(out, a)
         results: dict[str, list[dict]] = {m: [] for m in modes}
         for r in range(a.repeats):
             for name, mode in modes.items():
@@ -147,7 +148,7 @@ def main() -> None:
         for base in ("sync", "one_step_off"):
             print(f"BENCH stream_longtail_eta{k} trained_steps_per_s={med[m]:.3f} baseline={base} "
                   f"ratio={med[m] / med[base]:.2f}")  # fmt: skip
-    print("BENCH stream_longtail_success " + " ".join(
+    print("held-out success at the end (median): " + " ".join(
         f"{m}={statistics.median(x['success_end'] for x in rs):.3f}" for m, rs in results.items()))  # fmt: skip
 
 
