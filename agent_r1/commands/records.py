@@ -1,4 +1,4 @@
-"""``agent-r1 records synth|stats|show|advantages`` -- record shards from the command line.
+"""``agent-r1 records synth|stats|show|advantages|replay`` -- record shards from the command line.
 
 ``advantages`` runs in one process or under ``mpirun``/``srun --mpi=pmix`` (mpi4py): each rank
 takes whole shards round-robin, group statistics are reduced across ranks, and every rank writes
@@ -220,7 +220,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     from agent_r1.algos.advantages import ADVANTAGES
     from agent_r1.records.shard import COMPRESSIONS
 
-    p = sub.add_parser("records", help="step-record shards: synth, stats, show, advantages")
+    p = sub.add_parser("records", help="step-record shards: synth, stats, show, advantages, replay")
     rs = p.add_subparsers(dest="records_command", required=True)
 
     s = rs.add_parser("synth", help="write synthetic but realistic step records")
@@ -272,6 +272,41 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     ad.add_argument("--out", required=True)
     ad.set_defaults(fn=cmd_advantages)
+
+    rp = rs.add_parser(
+        "replay",
+        help="re-train a run's iterations from its shards and ledger and compare the weights with its "
+        "checkpoint (did the learner do what the records say?)",
+    )
+    rp.add_argument("run_dir")
+    rp.add_argument("--until", type=cli_args.nonneg_int, required=True, help="the iteration to reach")
+    rp.add_argument(
+        "--from", dest="start", type=cli_args.nonneg_int, default=None,
+        help="the checkpointed iteration to start from (default: the newest kept one before --until)",
+    )  # fmt: skip
+    rp.set_defaults(fn=cmd_replay)
+
+
+def cmd_replay(a: argparse.Namespace) -> int:
+    """Exit 0 when every tensor is bitwise equal to the run's checkpoint, 1 otherwise."""
+    from agent_r1.train.replay import replay
+
+    setup_logging("replay")
+    out = replay(a.run_dir, a.until, a.start)
+    if out is None:  # not rank 0 under torchrun
+        return 0
+    print(json.dumps(out, indent=1))
+    verdict = (
+        "bitwise equal"
+        if out["bitwise_equal"] == out["tensors"] and not out["missing"]
+        else f"differ: max |delta| {out['max_abs_diff']:.3g} in {out['worst_tensor']}"
+    )
+    print(
+        f"replayed iterations {out['iterations'][0]}..{out['iterations'][-1]}: {out['bitwise_equal']} of "
+        f"{out['tensors']} tensors bitwise equal to {out['until']} ({verdict})",
+        flush=True,
+    )
+    return 0 if verdict == "bitwise equal" else 1
 
 
 __all__ = ["add_parser"]
