@@ -34,7 +34,15 @@ OPEN_PATHS = frozenset({"/health"})  # answered without the API key (liveness pr
 
 
 class BadRequest(ValueError):
-    """Invalid request input; the message names the field (HTTP 400)."""
+    """Invalid request input; the message names the field (HTTP 400, or the class's ``status``)."""
+
+    status = 400
+
+
+class TooLarge(BadRequest):
+    """Well formed, but over a limit the server sets (HTTP 413; the message names its flag)."""
+
+    status = 413
 
 
 MISSING = object()
@@ -216,6 +224,36 @@ def api_key_middleware(key: str):
         return await handler(request)
 
     return check
+
+
+MAX_CLIENT_REQUESTS = 1024  # requests one client address may have in flight at once
+
+
+def client_limit(max_inflight: int = MAX_CLIENT_REQUESTS, flag: str = "--max-client-requests"):
+    """At most ``max_inflight`` requests in flight from one client address (a 429 naming ``flag``
+    beyond it, answered at once); ``/health`` is exempt. What one client can hold of a server is
+    then bounded however many connections it opens (idle ones are closed by ``start_site``)."""
+    inflight: dict[str, int] = {}
+
+    @web.middleware
+    async def limit(request: web.Request, handler):
+        if request.path in OPEN_PATHS:
+            return await handler(request)
+        peer = request.remote or "?"
+        n = inflight.get(peer, 0)
+        if n >= max_inflight:
+            return error_response(
+                f"too many requests in flight from {peer}: at most {max_inflight} at once ({flag})", 429
+            )
+        inflight[peer] = n + 1
+        try:
+            return await handler(request)
+        finally:
+            inflight[peer] -= 1
+            if not inflight[peer]:
+                del inflight[peer]
+
+    return limit
 
 
 # a connection that has not sent a whole request within this long (silent, or a slowloris sending

@@ -65,6 +65,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="a /generate of more sequences (prompts x n) is refused with 413",
     )
     sv.add_argument(
+        "--max-prompt-tokens",
+        type=cli_args.nonneg_int,
+        default=0,
+        help="longer prompts are refused with 413 (0: the context length bounds them)",
+    )
+    sv.add_argument(
+        "--max-client-requests",
+        type=cli_args.positive_int,
+        default=1024,
+        help="requests one client address may have in flight at once; more are refused with 429",
+    )
+    sv.add_argument(
         "--strict",
         action="store_true",
         help="serve only the endpoints upstream SGLang serves (404 for the rest): what the trainer uses",
@@ -105,6 +117,8 @@ def run(a: argparse.Namespace) -> int:
         api_key=api_key(a),
         max_body_mb=a.max_body_mb,
         max_batch_seqs=a.max_batch_seqs,
+        max_prompt_tokens=a.max_prompt_tokens,
+        max_client_requests=a.max_client_requests,
         strict=a.strict,
         sglang_version=a.sglang_version,
         join_timeout_s=a.join_timeout_s,

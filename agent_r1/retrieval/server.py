@@ -18,6 +18,7 @@ from aiohttp import web
 from agent_r1.http_service import (
     BadRequest,
     api_key_middleware,
+    client_limit,
     error_response,
     json_response,
     need,
@@ -57,7 +58,7 @@ class RetrieverServer:
     def __init__(self, index: Index, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None):
         self.index, self.host, self.port = index, host, port
         guard = [api_key_middleware(api_key)] if api_key else []
-        self.app = web.Application(middlewares=[*guard, service_errors(error_response)])
+        self.app = web.Application(middlewares=[client_limit(), *guard, service_errors(error_response)])
         self.app.router.add_get("/health", self.health)
         self.app.router.add_post("/retrieve", self.retrieve)
         self._pending: list[tuple[list[str], int, asyncio.Future]] = []

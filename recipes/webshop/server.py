@@ -21,6 +21,7 @@ from aiohttp import web
 from agent_r1.http_service import (
     BadRequest,
     api_key_middleware,
+    client_limit,
     describe,
     error_response,
     json_response,
@@ -65,7 +66,7 @@ class WebShopServer:
         self.shop, self.max_sessions = shop, max_sessions
         self.sessions: OrderedDict[str, Session] = OrderedDict()
         guard = [api_key_middleware(api_key)] if api_key else []
-        self.app = web.Application(middlewares=[*guard, service_errors(error_response)])
+        self.app = web.Application(middlewares=[client_limit(), *guard, service_errors(error_response)])
         self.app.router.add_get("/health", self.health)
         self.app.router.add_post("/reset", self.reset)
         self.app.router.add_post("/step", self.step)

@@ -26,7 +26,7 @@ def server(tiny_model_dir, tmp_path_factory):
     (run_dir / "control" / "servers").mkdir(parents=True)
     s = ServerProc(
         tiny_model_dir, run_dir, "b0", "--sglang-version", "0.5.6", "--join-timeout-s", "1",
-        "--max-batch-seqs", "64",
+        "--max-batch-seqs", "64", "--max-prompt-tokens", "600",
     )  # fmt: skip
     yield s
     s.kill()
@@ -194,6 +194,58 @@ def test_weight_paths_the_server_cannot_use_are_400s_never_a_hang(server, tmp_pa
         assert status == 400 and says in out["message"], (path[:80], status, out)
         assert http("GET", server.url + "/health", timeout=5)[0] == 200
     assert _greedy(server.url) == before
+
+
+def test_a_prompt_over_the_token_limit_is_a_413_naming_the_flag(server):
+    sp = {"max_new_tokens": 1}
+    status, out = http("POST", server.url + "/generate", {"input_ids": [5] * 601, "sampling_params": sp})
+    assert (
+        status == 413
+        and "--max-prompt-tokens" in out["error"]["message"]
+        and "600" in out["error"]["message"]
+    )
+    assert http("POST", server.url + "/generate", {"input_ids": [5] * 600, "sampling_params": sp})[0] == 200
+
+
+def _from(source: str, method: str, url: str, body: object | None = None) -> tuple[int, object]:
+    """An HTTP call from the loopback address ``source`` (another client than 127.0.0.1)."""
+    import http.client
+    import urllib.parse
+
+    u = urllib.parse.urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120, source_address=(source, 0))
+    try:
+        conn.request(method, u.path, json.dumps(body) if body is not None else None,
+                     {"Content-Type": "application/json"})  # fmt: skip
+        r = conn.getresponse()
+        raw = r.read().decode()
+        return r.status, json.loads(raw) if raw else None
+    finally:
+        conn.close()
+
+
+def test_one_client_holds_at_most_its_share_of_requests(tiny_model_dir, tmp_path):
+    """--max-client-requests: with generation paused, two requests of client 127.0.0.2 hang in
+    flight; its third is a 429 naming the flag at once, while another client (127.0.0.1) is served;
+    once the two end, 127.0.0.2 is served again."""
+    (tmp_path / "control" / "servers").mkdir(parents=True)
+    s = ServerProc(tiny_model_dir, tmp_path, "c0", "--max-client-requests", "2")
+    try:
+        assert http("POST", s.url + "/pause_generation", {"mode": "in_place"})[0] == 200
+        body = {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2}}
+        with ThreadPoolExecutor(2) as ex:
+            held = [ex.submit(_from, "127.0.0.2", "POST", s.url + "/generate", body) for _ in range(2)]
+            deadline = time.time() + 60  # a guard against a hang: the two arrive in milliseconds
+            while (answer := _from("127.0.0.2", "GET", s.url + "/v1/loads"))[0] != 429:
+                assert answer[0] == 200 and time.time() < deadline, answer
+            message = answer[1]["error"]["message"]
+            assert "--max-client-requests" in message and "127.0.0.2" in message
+            assert http("GET", s.url + "/v1/loads")[0] == 200  # another client is served meanwhile
+            assert http("POST", s.url + "/continue_generation", {})[0] == 200
+            assert [f.result(timeout=120)[0] for f in held] == [200, 200]
+        assert _from("127.0.0.2", "POST", s.url + "/generate", body)[0] == 200
+    finally:
+        s.kill()
 
 
 def test_a_batch_over_the_sequence_limit_is_a_413_naming_the_flag(server):

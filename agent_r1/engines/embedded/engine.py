@@ -62,10 +62,12 @@ class Engine(Intake, Scheduler, Decoder):
         threads: int | None = None,
         device: str = "cpu",
         adapt_threads: bool = True,
+        max_prompt_tokens: int = 0,
     ):
         """``threads``: torch threads of the scheduler thread; with ``adapt_threads`` (CPU, more
         than one thread) the count is chosen step by step between 1 and ``threads`` from measured
-        step times (``cpus.ThreadGovernor``: many threads collapse when the cores are shared)."""
+        step times (``cpus.ThreadGovernor``: many threads collapse when the cores are shared).
+        ``max_prompt_tokens``: longer prompts are refused (413); 0: the context length bounds them."""
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
         if dtype not in ("float32", "bfloat16"):
@@ -96,6 +98,7 @@ class Engine(Intake, Scheduler, Decoder):
         self.context_len = int(getattr(text_cfg, "max_position_embeddings", 4096))
         self.max_len = min(max_len or self.context_len, self.context_len)
         self.max_running = max_running
+        self.max_prompt_tokens = max_prompt_tokens
         self.prefill_chunk = prefill_chunk
         self.sm = SlotModel(self.model, max_running, self.max_len)
         self.cache = PrefixCache(prefix_cache_tokens)

@@ -91,7 +91,7 @@ class GenerateRoutes:
         try:
             body = await read_json_body(request)
         except BadRequest as e:
-            return error_response(str(e))
+            return error_response(str(e), e.status)
         if not isinstance(body, dict):
             return error_response(f"request body must be a JSON object, got {type(body).__name__}")
         loop = asyncio.get_running_loop()
@@ -125,7 +125,7 @@ class GenerateRoutes:
                         413,
                     )
         except BadRequest as e:
-            return error_response(str(e))
+            return error_response(str(e), e.status)
         except (TypeError, KeyError, IndexError) as e:
             return error_response(f"malformed request: {e}")
         queue: asyncio.Queue[tuple[Request, bool]] = asyncio.Queue()

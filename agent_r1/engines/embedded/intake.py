@@ -12,7 +12,7 @@ import torch
 
 from agent_r1.engines.embedded.requests import Request
 from agent_r1.engines.embedded.sampling import Sampling, is_token_id
-from agent_r1.http_service import BadRequest
+from agent_r1.http_service import BadRequest, TooLarge
 from agent_r1.vision.images import Image, ImageError, load_image, pad_runs
 from agent_r1.vision.qwen2_vl import mrope_positions
 
@@ -41,6 +41,11 @@ class Intake:
         if len(input_ids) >= self.max_len:
             raise BadRequest(
                 f"input_ids: prompt of {len(input_ids)} tokens does not fit the context length {self.max_len}"
+            )
+        if self.max_prompt_tokens and len(input_ids) > self.max_prompt_tokens:
+            raise TooLarge(
+                f"input_ids: prompt of {len(input_ids)} tokens; this server takes at most "
+                f"{self.max_prompt_tokens} (--max-prompt-tokens)"
             )
         s = Sampling.from_dict(sampling, self.vocab_size)
         if not isinstance(top_logprobs_num, int) or top_logprobs_num < 0:

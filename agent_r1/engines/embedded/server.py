@@ -18,8 +18,10 @@ from aiohttp import web
 from agent_r1.engines.embedded.engine import PAUSE_MODES, Engine, checkpoint_tensors
 from agent_r1.engines.embedded.generate import GenerateRoutes
 from agent_r1.http_service import (
+    MAX_CLIENT_REQUESTS,
     BadRequest,
     api_key_middleware,
+    client_limit,
     error_response,
     json_response,
     need,
@@ -92,6 +94,7 @@ class Server(GenerateRoutes):
         sglang_version: str = SGLANG_PROTOCOL,
         join_timeout_s: float = 120.0,
         max_batch_seqs: int = 4096,
+        max_client_requests: int = MAX_CLIENT_REQUESTS,
     ):
         """``strict``: serve only what upstream SGLang serves (``UPSTREAM_ENDPOINTS``).
         ``sglang_version``: the release whose protocol to speak; from 0.5.21 weights load only
@@ -104,7 +107,9 @@ class Server(GenerateRoutes):
         self.sglang_version, self.sessions = sglang_version, v >= SGLANG_SESSIONS_FROM
         # the weight-update routes: the receiving end of every push (weights/receiver.py)
         self.weight_routes = WeightRoutes(engine, self.sessions, weight_ipc, join_timeout_s)
-        middlewares = [api_key_middleware(api_key)] if api_key else []
+        middlewares = [client_limit(max_client_requests)]
+        if api_key:
+            middlewares.append(api_key_middleware(api_key))
         if strict:
             middlewares.append(_log_not_found)
         middlewares.append(service_errors(error_response))
@@ -279,6 +284,7 @@ def serve(
     api_key = engine_kw.pop("api_key", None)
     max_body_mb = int(engine_kw.pop("max_body_mb", 256))
     max_batch_seqs = int(engine_kw.pop("max_batch_seqs", None) or 4096)
+    max_client_requests = int(engine_kw.pop("max_client_requests", None) or MAX_CLIENT_REQUESTS)
     strict = bool(engine_kw.pop("strict", False))
     sglang_version = str(engine_kw.pop("sglang_version", None) or SGLANG_PROTOCOL)
     join_timeout_s = float(engine_kw.pop("join_timeout_s", None) or 120.0)
@@ -291,6 +297,7 @@ def serve(
         api_key=api_key,
         max_body_mb=max_body_mb,
         max_batch_seqs=max_batch_seqs,
+        max_client_requests=max_client_requests,
         strict=strict,
         sglang_version=sglang_version,
         join_timeout_s=join_timeout_s,
