@@ -152,6 +152,8 @@ def _serve_embedded(r: RoleRun, model: str, ready: Path, engine: str) -> int:
         max_len=cfg.model.max_len,
         threads=cfg.rollout.server_cpus,
         api_key=rd.api_key(),
+        # every worker's episodes may reach one server through one address (a router's): never refused
+        max_client_requests=max(1024, 2 * cfg.rollout.workers * cfg.rollout.max_concurrency),
         strict=True,  # the run uses only what real SGLang serves
         stop_when=lambda: rd.shutdown_flag.exists(),
         on_ready=_join_router(cfg, rd) if r.role == "server" else None,
