@@ -356,8 +356,10 @@ def _learner(cfg: Any, rd: RunDir, env: RoleEnv) -> int:
         raise ValueError(
             f"{env.world} learner ranks started but parallel.learner_ranks={cfg.parallel.learner_ranks}"
         )
-    threads = os.environ.get("AGENT_R1_THREADS")  # the local launcher's share; else the cores it may use
-    torch.set_num_threads(max(1, int(threads)) if threads else usable_cpus())
+    # the local launcher's share, never more than the cores this process may use (cluster.local_cpus
+    # pins it); else those cores
+    threads = os.environ.get("AGENT_R1_THREADS")
+    torch.set_num_threads(max(1, min(int(threads), usable_cpus())) if threads else usable_cpus())
     bind_local_gpu(env.local_rank)  # before anything touches CUDA: NCCL and Megatron use this device
     lock = None
     if env.rank == 0 and os.environ.get("AGENT_R1_LAUNCHER") != "local":  # local: the launcher owns it
