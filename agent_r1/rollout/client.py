@@ -214,7 +214,8 @@ class RolloutClient:
                 logprobs += done.logprobs
                 spans.append([done.policy_version, len(done.token_ids)])
             left = sampling.max_new_tokens - len(ids)
-            if left <= 0:
+            if left <= 0:  # its tokens so far are all it may have (a server ends it at the limit first)
+                done = Completion([], [], FinishReason.LENGTH, done.policy_version)
                 break
             more = dataclasses.replace(sampling, max_new_tokens=left)
             done = await self._complete(list(token_ids) + ids, more, session, images)
