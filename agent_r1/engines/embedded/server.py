@@ -41,7 +41,6 @@ SGLANG_PROTOCOL = "0.5.23"
 
 # what upstream SGLang 0.5.x serves of this server's routes; `--strict` serves only these (the rest
 # answer 404), so code that works against a strict server works against real SGLang
-UPSTREAM_PAUSE_MODES = ("abort", "retract", "in_place")  # SGLang's PauseGenerationReqInput
 UPSTREAM_ENDPOINTS = frozenset(
     {
         "/generate",
@@ -174,8 +173,9 @@ class Server(GenerateRoutes):
                 "version": self.sglang_version,
                 "engine": ENGINE,
                 "internal_states": [{**e.loads(), **e.stats}],
-                # not SGLang's: the pause modes, ``drain`` among them (a push's step-atomic pause)
-                **({} if self.strict else {"pause_modes": list(PAUSE_MODES)}),
+                # not SGLang's (its one addition a run uses, strict or not): the pause modes, ``drain``
+                # among them, which a push uses to be step-atomic without aborting anything
+                "pause_modes": list(PAUSE_MODES),
             }
         )
 
@@ -226,12 +226,10 @@ class Server(GenerateRoutes):
         return web.Response(status=200)
 
     async def pause(self, request: web.Request) -> web.Response:
-        """SGLang's pause, and (not strict) ``drain``: answered once no request runs."""
+        """SGLang's pause modes, and ``drain`` (answered once no request runs)."""
         try:
             body = await self._body(request)
             mode = body.get("mode", "abort")
-            if self.strict and mode not in UPSTREAM_PAUSE_MODES:
-                raise BadRequest(f"mode: must be one of {', '.join(UPSTREAM_PAUSE_MODES)}, got {mode!r}")
             interrupt = need(body, "interrupt_tokens", "index", 0)
             interrupted = await asyncio.to_thread(self.engine.pause, mode, interrupt)
         except BadRequest as e:
