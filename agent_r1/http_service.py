@@ -262,13 +262,28 @@ def client_limit(max_inflight: int = MAX_CLIENT_REQUESTS, flag: str = "--max-cli
 IDLE_TIMEOUT_S = 30.0
 
 
+MAX_HEADER_BYTES = 8190  # the request line and each header (aiohttp's default); longer ones: a 400
+
+
 async def start_site(
-    app: web.Application, host: str, port: int, idle_timeout_s: float = IDLE_TIMEOUT_S
+    app: web.Application,
+    host: str,
+    port: int,
+    idle_timeout_s: float = IDLE_TIMEOUT_S,
+    max_header_bytes: int = MAX_HEADER_BYTES,
 ) -> tuple[web.AppRunner, int]:
     """Serve ``app`` on ``host:port`` (0 = a free port); returns the runner and the bound port.
     handler_cancellation: a client that hangs up cancels its handler, which aborts its work.
-    ``idle_timeout_s``: the header and idle timeout (a request being handled is never cut)."""
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, keepalive_timeout=idle_timeout_s)
+    ``idle_timeout_s``: the header and idle timeout (a request being handled is never cut);
+    ``max_header_bytes``: the longest request line or header (a 400 saying the limit beyond it)."""
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handler_cancellation=True,
+        keepalive_timeout=idle_timeout_s,
+        max_line_size=max_header_bytes,
+        max_field_size=max_header_bytes,
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -77,6 +77,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="requests one client address may have in flight at once; more are refused with 429",
     )
     sv.add_argument(
+        "--max-header-bytes",
+        type=cli_args.positive_int,
+        default=8190,
+        help="the longest request line or header; longer ones are refused with 400",
+    )
+    sv.add_argument(
         "--strict",
         action="store_true",
         help="serve only the endpoints upstream SGLang serves (404 for the rest): what the trainer uses",
@@ -119,6 +125,7 @@ def run(a: argparse.Namespace) -> int:
         max_batch_seqs=a.max_batch_seqs,
         max_prompt_tokens=a.max_prompt_tokens,
         max_client_requests=a.max_client_requests,
+        max_header_bytes=a.max_header_bytes,
         strict=a.strict,
         sglang_version=a.sglang_version,
         join_timeout_s=a.join_timeout_s,

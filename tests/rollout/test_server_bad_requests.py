@@ -26,7 +26,7 @@ def server(tiny_model_dir, tmp_path_factory):
     (run_dir / "control" / "servers").mkdir(parents=True)
     s = ServerProc(
         tiny_model_dir, run_dir, "b0", "--sglang-version", "0.5.6", "--join-timeout-s", "1",
-        "--max-batch-seqs", "64", "--max-prompt-tokens", "600",
+        "--max-batch-seqs", "64", "--max-prompt-tokens", "600", "--max-header-bytes", "4096",
     )  # fmt: skip
     yield s
     s.kill()
@@ -205,6 +205,19 @@ def test_a_prompt_over_the_token_limit_is_a_413_naming_the_flag(server):
         and "600" in out["error"]["message"]
     )
     assert http("POST", server.url + "/generate", {"input_ids": [5] * 600, "sampling_params": sp})[0] == 200
+
+
+def test_a_header_over_the_limit_is_a_400_and_the_server_serves_on(server):
+    def get(header: str) -> int:
+        req = urllib.request.Request(server.url + "/v1/loads", headers={"X-Pad": header})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    assert get("x" * 5000) == 400  # --max-header-bytes 4096
+    assert get("x" * 3000) == 200 and http("GET", server.url + "/health")[0] == 200
 
 
 def _from(source: str, method: str, url: str, body: object | None = None) -> tuple[int, object]:

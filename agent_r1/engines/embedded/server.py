@@ -19,6 +19,7 @@ from agent_r1.engines.embedded.engine import PAUSE_MODES, Engine, checkpoint_ten
 from agent_r1.engines.embedded.generate import GenerateRoutes
 from agent_r1.http_service import (
     MAX_CLIENT_REQUESTS,
+    MAX_HEADER_BYTES,
     BadRequest,
     api_key_middleware,
     client_limit,
@@ -94,11 +95,13 @@ class Server(GenerateRoutes):
         join_timeout_s: float = 120.0,
         max_batch_seqs: int = 4096,
         max_client_requests: int = MAX_CLIENT_REQUESTS,
+        max_header_bytes: int = MAX_HEADER_BYTES,
     ):
         """``strict``: serve only what upstream SGLang serves (``UPSTREAM_ENDPOINTS``).
         ``sglang_version``: the release whose protocol to speak; from 0.5.21 weights load only
         inside a ``/begin_weight_update`` ... ``/end_weight_update`` session, as SGLang's do."""
         self.engine, self.host, self.port, self.strict = engine, host, port, strict
+        self.max_header_bytes = max_header_bytes
         self.max_batch_seqs = max_batch_seqs  # sequences (prompts x n) one /generate may ask for
         v = release(sglang_version)
         if v is None:
@@ -258,7 +261,9 @@ class Server(GenerateRoutes):
 
     # ---- running ----------------------------------------------------------------------------------------------
     async def start(self) -> web.AppRunner:
-        runner, self.port = await start_site(self.app, self.host, self.port)
+        runner, self.port = await start_site(
+            self.app, self.host, self.port, max_header_bytes=self.max_header_bytes
+        )
         return runner
 
 
@@ -283,6 +288,7 @@ def serve(
     max_body_mb = int(engine_kw.pop("max_body_mb", 256))
     max_batch_seqs = int(engine_kw.pop("max_batch_seqs", None) or 4096)
     max_client_requests = int(engine_kw.pop("max_client_requests", None) or MAX_CLIENT_REQUESTS)
+    max_header_bytes = int(engine_kw.pop("max_header_bytes", None) or MAX_HEADER_BYTES)
     strict = bool(engine_kw.pop("strict", False))
     sglang_version = str(engine_kw.pop("sglang_version", None) or SGLANG_PROTOCOL)
     join_timeout_s = float(engine_kw.pop("join_timeout_s", None) or 120.0)
@@ -296,6 +302,7 @@ def serve(
         max_body_mb=max_body_mb,
         max_batch_seqs=max_batch_seqs,
         max_client_requests=max_client_requests,
+        max_header_bytes=max_header_bytes,
         strict=strict,
         sglang_version=sglang_version,
         join_timeout_s=join_timeout_s,
