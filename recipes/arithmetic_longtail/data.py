@@ -9,14 +9,17 @@ the held-out split are arithmetic_tool's.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 from agent_r1.agent.demonstrations import noisy_demonstrations
 from agent_r1.agent.tool_calls import format_tool_call
 from agent_r1.data.rows import DataRow
-from recipes.arithmetic_tool.data import SYSTEM, demonstration, make_problem
+from recipes.arithmetic_tool import data as arithmetic_tool
+from recipes.arithmetic_tool.data import demonstration, make_problem
 
 AGENT = "arithmetic_longtail"
+SYSTEM = arithmetic_tool.SYSTEM  # the same instructions: the calculator, then \boxed{N}
 TOOLS = ["job_calculator"]  # shown to the model as "calculator"
 PENDING = "pending: the job is still running, call the calculator again"
 MAX_STEPS = 8  # the polls and the answer
@@ -41,25 +44,20 @@ def build_rows(
     """Rows for ``split`` (disjoint seed streams per split, as arithmetic_tool's); each row's job
     needs ``polls`` calls (Pareto(``polls_alpha``) rounded down, 1..``max_polls``) of ``delay`` s
     each (Pareto(``delay_alpha``) from ``delay_s``, at most ``max_delay_s``)."""
-    offset = {"train": 0, "test": 1_000_003, "val": 2_000_003}[split]
-    rng = random.Random(seed * 7_919 + offset)
-    tail = random.Random(seed * 104_729 + offset + 17)
+    tail = random.Random(seed * 104_729 + {"train": 0, "test": 1_000_003, "val": 2_000_003}[split] + 17)
     rows = []
-    for _ in range(num):
-        p = make_problem(rng, difficulty)
+    for row in arithmetic_tool.build_rows(split, num, seed, difficulty):  # the same problems
         polls = int(heavy_tail(tail, polls_alpha, 1.0, max_polls))
         delay = round(heavy_tail(tail, delay_alpha, delay_s, max_delay_s), 4)
         rows.append(
-            DataRow(
-                prompt=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": p.question}],
+            dataclasses.replace(
+                row,
                 agent_name=AGENT,
-                reward_model={"style": "math_number", "ground_truth": str(p.answer)},
                 data_source="arithmetic_longtail",
                 env_kwargs={"tool_kwargs": {"job_calculator": {"polls": polls, "delay_s": delay}}},
-                extra_info={"expression": p.expression, "difficulty": difficulty, "split": split,
-                            "polls": polls, "delay_s": delay},
+                extra_info={**row.extra_info, "polls": polls, "delay_s": delay},
             )
-        )  # fmt: skip
+        )
     return rows
 
 

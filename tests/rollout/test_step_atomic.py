@@ -101,36 +101,37 @@ def test_a_drain_interrupts_actions_past_interrupt_tokens(engine, codec):
     assert len(a.out_ids) == len(a.out_logprobs) == 5
 
 
+async def push_midway(engine, prompt, params, interrupt_tokens, protocol, version: str):
+    """A push as a worker's client sees it, over HTTP: the action is frozen at 5 tokens, the server
+    paused with the body ``protocol(server_info)`` would send it, new weights loaded as ``version``,
+    generation continued. (The completion, the client's resends, the pause's answer, the body.)"""
+    server = Server(engine, port=0)
+    runner = await server.start()
+    url = f"http://127.0.0.1:{server.port}"
+    client = RolloutClient(servers=[url], interrupt_tokens=interrupt_tokens)
+    try:
+        body = protocol(url, await client.get(url, "/server_info")).pause_body(interrupt_tokens)
+        frozen = freeze_when(engine, 5)
+        action = asyncio.ensure_future(client(prompt, params))
+        assert await asyncio.to_thread(frozen.wait, 60)
+        paused = await client.post(url, "/pause_generation", body)
+        await asyncio.to_thread(engine.update_weights, new_weights(engine, int(version)), version)
+        await client.post(url, "/continue_generation", {})
+        return await asyncio.wait_for(action, 60), client.resent, paused, body
+    finally:
+        await client.close()
+        await runner.cleanup()
+
+
 def test_an_interrupted_action_is_continued_on_the_new_weights_with_its_versions(engine, codec):
-    """Over HTTP, as a worker's client sees a push: interrupted at 5 tokens (interrupt_tokens=3), the
-    action is resent with its tokens so far, waits out the update, and ends on version 7; its first
-    5 tokens and logprobs are the old weights' (as a run without the push gives them)."""
+    """The embedded engine drains (interrupt_tokens=3): interrupted at 5 tokens, the action is
+    resent with its tokens so far, waits out the update, and ends on version 7; its first 5 tokens
+    and logprobs are the old weights' (as a run without the push gives them)."""
     prompt = _prompt(codec, "continue me")
     params = SamplingParams(temperature=0.0, max_new_tokens=30)
     (ref,) = engine.generate_sync(prompt, {"temperature": 0, "max_new_tokens": 30})
-
-    async def scenario():
-        server = Server(engine, port=0)
-        runner = await server.start()
-        url = f"http://127.0.0.1:{server.port}"
-        client = RolloutClient(servers=[url], interrupt_tokens=3)
-        try:
-            frozen = freeze_when(engine, 5)
-            action = asyncio.ensure_future(client(prompt, params))
-            assert await asyncio.to_thread(frozen.wait, 60)
-            body = check_server_info(url, await client.get(url, "/server_info")).pause_body(3)
-            assert body == {"mode": "drain", "interrupt_tokens": 3}  # what a push sends this server
-            paused = await client.post(url, "/pause_generation", body)
-            assert paused["interrupted"] == 1
-            await asyncio.to_thread(engine.update_weights, new_weights(engine, 1), "7")
-            await client.post(url, "/continue_generation", {})
-            return await asyncio.wait_for(action, 60), client.resent
-        finally:
-            await client.close()
-            await runner.cleanup()
-
-    done, resent = asyncio.run(scenario())
-    assert resent == 1
+    done, resent, paused, body = asyncio.run(push_midway(engine, prompt, params, 3, check_server_info, "7"))
+    assert body == {"mode": "drain", "interrupt_tokens": 3} and paused["interrupted"] == 1 and resent == 1
     assert done.version_spans == [[0, 5], [7, 25]] and done.policy_version == 0
     assert len(done.token_ids) == len(done.logprobs) == 30
     assert done.token_ids[:5] == ref.out_ids[:5]
@@ -144,28 +145,11 @@ def test_an_aborted_action_under_interrupt_tokens_is_sampled_again_on_one_versio
     prompt = _prompt(codec, "start over")
     params = SamplingParams(temperature=0.0, max_new_tokens=20)
 
-    async def scenario():
-        server = Server(engine, port=0)
-        runner = await server.start()
-        url = f"http://127.0.0.1:{server.port}"
-        client = RolloutClient(servers=[url], interrupt_tokens=50)
-        try:
-            info = await client.get(url, "/server_info")
-            sglang = check_server_info(url, {k: v for k, v in info.items() if k != "pause_modes"})
-            body = sglang.pause_body(50)  # what a push sends a real SGLang server (it has no drain)
-            assert body == {"mode": "abort"}
-            frozen = freeze_when(engine, 5)
-            action = asyncio.ensure_future(client(prompt, params))
-            assert await asyncio.to_thread(frozen.wait, 60)
-            await client.post(url, "/pause_generation", body)
-            await asyncio.to_thread(engine.update_weights, new_weights(engine, 2), "8")
-            await client.post(url, "/continue_generation", {})
-            return await asyncio.wait_for(action, 60)
-        finally:
-            await client.close()
-            await runner.cleanup()
+    def sglang(url, info):  # a real SGLang server's /server_info has no pause modes
+        return check_server_info(url, {k: v for k, v in info.items() if k != "pause_modes"})
 
-    done = asyncio.run(scenario())
+    done, resent, _, body = asyncio.run(push_midway(engine, prompt, params, 50, sglang, "8"))
+    assert body == {"mode": "abort"} and resent == 1
     (fresh,) = engine.generate_sync(prompt, {"temperature": 0, "max_new_tokens": 20})
     assert done.version_spans == [] and done.policy_version == 8
     assert done.token_ids == fresh.out_ids  # the new weights' action from its first token
