@@ -63,7 +63,7 @@ class StreamingGenerate:
 
         body = {
             "input_ids": token_ids,
-            "sampling_params": sampling.to_sglang(),
+            "sampling_params": sampling.to_wire(),
             "return_logprob": True,
             "stream": True,
         }

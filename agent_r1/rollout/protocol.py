@@ -39,7 +39,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
 
-    def to_sglang(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, Any]:
         d: dict[str, Any] = {
             "temperature": self.temperature,
             "top_p": self.top_p,

@@ -67,7 +67,7 @@ class SGLangAPI(ServerAPI):
     def generate(self, token_ids, sampling, images) -> Request:
         body: dict[str, Any] = {
             "input_ids": list(token_ids),
-            "sampling_params": sampling.to_sglang(),
+            "sampling_params": sampling.to_wire(),
             "return_logprob": True,
         }
         if images:  # SGLang's field: one base64 image per <|image_pad|> run, in order

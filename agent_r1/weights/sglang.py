@@ -21,7 +21,6 @@ A server that fails is reported and dropped from the group's healthy set until i
 from __future__ import annotations
 
 import asyncio
-import re
 import threading
 import uuid
 from collections.abc import Callable, Iterable
@@ -33,7 +32,7 @@ import torch
 
 from agent_r1.rollout.client import RolloutClient
 from agent_r1.weights.buckets import DTYPE_NAMES, buckets, flatten, serialize_named_tensors
-from agent_r1.weights.transport import PushedServers, WeightSyncError, free_port
+from agent_r1.weights.transport import PushedServers, WeightSyncError, free_port, release
 from agent_r1.weights.update_group import join_update_group, leave_update_group
 
 # The SGLang releases whose weight-update protocol this module speaks (checked by the contract
@@ -42,14 +41,6 @@ from agent_r1.weights.update_group import join_update_group, leave_update_group
 SGLANG_OLDEST = (0, 5, 6)
 SGLANG_BELOW = (0, 6)
 SGLANG_SESSIONS_FROM = (0, 5, 21)
-
-
-def release(text: str) -> tuple[int, ...] | None:
-    """``"0.5.23"`` / ``"0.5.6.post2"`` / ``"0.5.21rc1"`` -> (0, 5, 23) / (0, 5, 6) / (0, 5, 21)."""
-    m = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?", str(text).strip())
-    if m is None:
-        return None
-    return tuple(int(g) for g in m.groups(default="0"))
 
 
 def window_text() -> str:

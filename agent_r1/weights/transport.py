@@ -12,6 +12,7 @@ on the shared filesystem). ``sender.WeightSender`` decides when and to whom.
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from collections.abc import Iterable
 
@@ -29,6 +30,15 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def release(text: str) -> tuple[int, ...] | None:
+    """An engine's release number: ``"0.5.23"`` / ``"0.5.6.post2"`` / ``"0.5.21rc1"`` -> (0, 5, 23) /
+    (0, 5, 6) / (0, 5, 21); None when it is not one."""
+    m = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?", str(text).strip())
+    if m is None:
+        return None
+    return tuple(int(g) for g in m.groups(default="0"))
 
 
 def group_backend(tensors_on_cuda: bool) -> str:

@@ -25,8 +25,7 @@ import torch
 
 from agent_r1.rollout.client import RolloutClient
 from agent_r1.weights.buckets import DTYPE_NAMES, buckets, flatten
-from agent_r1.weights.sglang import release
-from agent_r1.weights.transport import PushedServers, WeightSyncError, free_port
+from agent_r1.weights.transport import PushedServers, WeightSyncError, free_port, release
 from agent_r1.weights.update_group import join_update_group, leave_update_group
 from agent_r1.weights.vllm_plugin import GLOO_BACKEND
 

@@ -11,8 +11,8 @@ import torch
 from helpers.rollout_servers import ServerProc, http
 
 from agent_r1.weights.buckets import buckets
-from agent_r1.weights.sglang import ServerProtocol, WeightUpdateGroup, check_server_info, release
-from agent_r1.weights.transport import WeightSyncError
+from agent_r1.weights.sglang import ServerProtocol, WeightUpdateGroup, check_server_info
+from agent_r1.weights.transport import WeightSyncError, release
 
 
 def test_rank_offsets_count_every_tp_rank_of_every_server():

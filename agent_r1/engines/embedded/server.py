@@ -31,7 +31,8 @@ from agent_r1.http_service import (
     write_ready,
 )
 from agent_r1.weights.receiver import WeightRoutes, request_body
-from agent_r1.weights.sglang import SGLANG_SESSIONS_FROM, release
+from agent_r1.weights.sglang import SGLANG_SESSIONS_FROM
+from agent_r1.weights.transport import release
 
 log = logging.getLogger("agent_r1.server")
 ENGINE = "agent-r1-embedded-0.1"
