@@ -45,7 +45,7 @@ def _checkpoints(rd: RunDir) -> dict[int, Path]:
     for p in sorted(rd.checkpoints.glob("iter_*")):
         state = p / "agent_r1_state.json"
         if p.is_dir() and state.exists():
-            out[int(json.loads(state.read_text())["iteration"])] = p
+            out[int(json.loads(state.read_text())["trainer"]["iteration"])] = p
     return out
 
 
