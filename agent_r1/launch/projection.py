@@ -14,8 +14,8 @@ the coordinator issues tasks:
 - ``stream`` (eta): iteration i's episodes start once update i-1-eta is pushed, beside every
   earlier iteration's (older iterations first when the slots are full).
 
-It answers trained step records per second, the learner's and the rollout slots' idle fractions.
-``tools/bench/stream.py`` prints its prediction for the machine it measures beside the measurement.
+It answers trained step records per second, the learner's and the rollout slots' idle fractions;
+``agent-r1 plan`` prints it for a preset (``tools/bench/stream.py`` measures the real modes).
 """
 
 from __future__ import annotations
@@ -89,10 +89,8 @@ def simulate(
     free = [0.0] * slots  # when each slot is next free (a heap)
     busy = 0.0
     learner_busy = 0.0
-    admitted = 0  # iterations whose episodes are placed in the slots
-    # ``stream`` places iteration i as soon as it is admitted, which can be before update i-1-eta
-    # ends only in time order: iterate in admission order (every earlier update is computed first)
-    for i in range(n):
+    admitted = 0  # iterations whose episodes are placed in the slots, oldest first
+    for i in range(n):  # before update i: place every iteration its mode admits by then
         while admitted < n and admitted <= i + (eta if mode == "stream" else 0):
             k = admitted
             if mode == "sync":

@@ -153,11 +153,12 @@ class Coordinator:
         return stats
 
     def server_idle_seconds(self) -> float | None:
-        """Mean seconds the live servers' engines had nothing to run since the last call (the
-        embedded engine reports it; None when no server does)."""
+        """Mean seconds the servers' engines had nothing to run since the last call (the embedded
+        engine reports it; a dead server answers nothing; None when no server reports it)."""
+        from agent_r1.http_service import published_urls
         from agent_r1.rollout.client import probe
 
-        urls = self.publisher.live_servers()
+        urls = published_urls(self.rd.servers)
         answers = self.publisher.loop.run_until_complete(
             probe(urls, "/server_info", api_key=self.rd.api_key())
         )

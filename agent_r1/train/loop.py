@@ -307,7 +307,8 @@ class Trainer(WarmStart):
             times.get("time/train", 1e-9), 1e-9
         )
         m["policy/version"] = float(self.state["version"])
-        if pooled.get("generated_episodes"):  # 0 unless something generated was kept from training
+        # present when this launch generated the records; 0 unless something generated was not trained
+        if pooled.get("generated_episodes"):
             m["length_bias/steps_per_episode"] = pooled["steps"] / max(pooled["episodes"], 1.0) - (
                 pooled["generated_steps"] / pooled["generated_episodes"]
             )
