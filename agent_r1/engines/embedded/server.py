@@ -101,7 +101,7 @@ class Server(GenerateRoutes):
         """``strict``: serve only what upstream SGLang serves (``UPSTREAM_ENDPOINTS``).
         ``sglang_version``: the release whose protocol to speak; from 0.5.21 weights load only
         inside a ``/begin_weight_update`` ... ``/end_weight_update`` session, as SGLang's do."""
-        self.engine, self.host, self.port, self.strict = engine, host, port, strict
+        self.engine, self.host, self.port = engine, host, port
         self.max_header_bytes = max_header_bytes
         self.max_batch_seqs = max_batch_seqs  # sequences (prompts x n) one /generate may ask for
         v = release(sglang_version)
@@ -238,8 +238,9 @@ class Server(GenerateRoutes):
             interrupted = await asyncio.to_thread(self.engine.pause, mode, interrupt)
         except BadRequest as e:
             return error_response(str(e))
-        out = {"message": "Generation paused successfully.", "status": "ok"}
-        return json_response(out if self.strict else {**out, "interrupted": interrupted})
+        return json_response(
+            {"message": "Generation paused successfully.", "status": "ok", "interrupted": interrupted}
+        )
 
     async def resume(self, request: web.Request) -> web.Response:
         self.engine.resume()
