@@ -172,7 +172,7 @@ class WeightSender:
             self.backend,
             name,
             api_key=self.api_key,
-            interrupt_tokens=getattr(self.rollout, "interrupt_tokens", 0),
+            interrupt_tokens=self.rollout.interrupt_tokens,
         )
 
     def _drop_group(self) -> None:
