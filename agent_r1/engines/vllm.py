@@ -30,7 +30,7 @@ from agent_r1.cpus import usable_cpus
 from agent_r1.engines.upstream import UpstreamServer, free_port
 from agent_r1.rollout.protocol import Completion, FinishReason
 from agent_r1.rollout.server_api import REASONS, Request, ServerAPI
-from agent_r1.weights.vllm_plugin import GLOO_BACKEND
+from agent_r1.weights.update_group import GLOO_BACKEND
 
 log = logging.getLogger("agent_r1.vllm")
 

