@@ -182,7 +182,7 @@ class VLLMAPI(ServerAPI):
     def generate(self, token_ids, sampling, images) -> Request:
         if images:
             raise ValueError(
-                "rollout.engine=vllm serves text prompts only (images need engine=embedded or sglang)"
+                "rollout.engine=vllm serves text prompts only (the embedded engine serves images)"
             )
         body: dict[str, Any] = {
             "prompt": list(token_ids),

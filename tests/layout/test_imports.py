@@ -236,6 +236,32 @@ def test_an_added_engine_lives_in_its_own_modules_its_config_and_the_registry():
     assert found <= allowed, sorted(found - allowed)
 
 
+def test_sglang_is_named_by_its_engine_its_wire_its_router_and_its_memory_plan():
+    """SGLang is two things here: an engine (launched on GPU nodes: its serving module, its update
+    protocol, its launch-flags slice, its table entry) and the wire every other engine but vLLM
+    speaks (SGLang's native HTTP API: the client's adapter, the embedded server that answers as a
+    given SGLang release does and the command that starts it). Besides those, only the real
+    ``sglang-router`` (its launcher and the flag that accepts one) and the plan that sizes SGLang
+    servers' GPU memory name it; a new mention must be one of these."""
+    allowed = {
+        # the engine
+        "agent_r1/engines/sglang.py",
+        "agent_r1/weights/sglang.py",
+        "agent_r1/train/config.py",
+        "agent_r1/engine_spec.py",
+        # the wire
+        "agent_r1/rollout/server_api.py",
+        "agent_r1/engines/embedded/server.py",
+        "agent_r1/commands/serve.py",
+        # the router, the memory plan
+        "agent_r1/rollout/router.py",
+        "agent_r1/commands/flags.py",
+        "agent_r1/launch/plan.py",
+    }
+    found = {str(p.relative_to(ROOT)) for p in PKG.rglob("*.py") if _code_mentions(p, "sglang")}
+    assert found <= allowed, sorted(found - allowed)
+
+
 def test_no_layer_dispatches_on_an_engines_name():
     """Launching, training, the client and the weight sender read an engine's entry in
     ``engine_spec``, never its name: no string equal to an engine's name in their code (the
