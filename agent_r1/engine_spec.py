@@ -30,6 +30,9 @@ class EngineSpec:
     router: bool = True  # may stand behind the sglang-router (speaks SGLang's API)
     helper_engine: str | None = None  # the engine that serves helper models (teacher, judge)
     memory_plan: bool = False  # `agent-r1 plan` sizes its servers' GPU memory
+    batch_invariant: bool = (
+        False  # can serve a request's bits independent of its batch (trainer.deterministic)
+    )
     # (the upstream releases an engine is checked against live with its transport, where they are
     # enforced: weights/sglang.py SGLANG_OLDEST / SGLANG_BELOW, weights/vllm.py VLLM_OLDEST / VLLM_BELOW)
 
@@ -52,6 +55,7 @@ ENGINES: dict[str, EngineSpec] = {
             api=SGLANG_API,
             transport=SGLANG_PUSH,
             serving="in_process",
+            batch_invariant=True,  # on the CPU (rollout servers started with batch_invariant)
         ),
         EngineSpec(
             "sglang",

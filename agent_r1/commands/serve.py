@@ -44,6 +44,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     sv.add_argument("--device", default="cpu", help="where the model and KV cache live: cpu, cuda, cuda:N")
     sv.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="a request's tokens and logprobs are the same bits alone or in any batch (with its "
+        "sampling_seed); dense models on the CPU; slower for tiny models",
+    )
+    sv.add_argument(
         "--weight-ipc",
         action="store_true",
         help="accept /update_weights_from_tensor (CUDA IPC / shared memory from a trainer on this machine)",
@@ -119,6 +125,7 @@ def run(a: argparse.Namespace) -> int:
         prefill_chunk=a.prefill_chunk,
         threads=a.threads or (usable_cpus() if a.device == "cpu" else None),
         device=a.device,
+        batch_invariant=a.batch_invariant,
         weight_ipc=a.weight_ipc,
         api_key=api_key(a),
         max_body_mb=a.max_body_mb,

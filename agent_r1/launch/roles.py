@@ -151,6 +151,7 @@ def _serve_embedded(r: RoleRun, model: str, ready: Path, engine: str) -> int:
         dtype=cfg.model.dtype,
         max_len=cfg.model.max_len,
         threads=cfg.rollout.server_cpus,
+        batch_invariant=cfg.trainer.deterministic,  # the same bits whatever the batch
         api_key=rd.api_key(),
         # every worker's episodes may reach one server through one address (a router's): never refused
         max_client_requests=max(1024, 2 * cfg.rollout.workers * cfg.rollout.max_concurrency),

@@ -51,9 +51,12 @@ class Actor(ActorSteps, ActorCheckpoint):
         train_vision: bool = False,
         temperature: float = 1.0,
         backend: Backend | None = None,
+        adapt_threads: bool = True,
     ):
         """``backend``: what this rank runs on (``Backend.here()``: its GPU, else the CPU; a plan's
-        from ``agent-r1 plan``)."""
+        from ``agent-r1 plan``). ``adapt_threads``: on a CPU the thread count of each step is chosen
+        from measured step times; False keeps it fixed (``trainer.deterministic``: a GEMM's
+        reductions split by thread count, so its bits would follow the machine's load)."""
         from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -69,7 +72,8 @@ class Actor(ActorSteps, ActorCheckpoint):
         self.device = self.backend.device
         bridge = self.bridge = dataclasses.replace(bridge, for_gpu=self.backend.builds_for_gpu)
         threads = torch.get_num_threads()
-        self.governor = ThreadGovernor(threads) if self.device.type == "cpu" and threads > 1 else None
+        adapt = adapt_threads and self.device.type == "cpu" and threads > 1
+        self.governor = ThreadGovernor(threads) if adapt else None
         self.hf_config = AutoConfig.from_pretrained(self.hf_dir)
         self.train_vision = bool(train_vision and trainable)
         model_parallel_cuda_manual_seed(seed)

@@ -72,6 +72,7 @@ class ActorCheckpoint:
             state["optimizer"] = self.optimizer.sharded_state_dict(
                 model_sd, metadata={"distrib_optim_sharding_type": "dp_reshardable"}
             )
+            zero_padding(state["optimizer"])
         dist_checkpointing.save(state, str(tmp))
         dist.barrier()
         if dist.get_rank() == 0:
@@ -174,3 +175,22 @@ class ActorCheckpoint:
         if self.scheduler is not None and meta["scheduler"] is not None:
             self.scheduler.load_state_dict(meta["scheduler"])
         return meta["trainer"]
+
+
+def zero_padding(sd: Any) -> None:
+    """Zero the gaps between parameters that the distributed optimizer's bucket-space state dict
+    fills with ``torch.empty`` (entries marked ``padding``): a checkpoint holds no uninitialised
+    memory, and the same run saves the same bytes."""
+    from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject, ShardedTensor
+
+    if isinstance(sd, dict):
+        pad = sd.get("padding")
+        if isinstance(pad, LocalNonpersistentObject) and pad.obj is True:
+            for v in sd.values():
+                if isinstance(v, ShardedTensor):
+                    v.data.zero_()
+        for v in sd.values():
+            zero_padding(v)
+    elif isinstance(sd, list | tuple):
+        for v in sd:
+            zero_padding(v)

@@ -39,9 +39,10 @@ class Critic(Actor):
         seed: int = 0,
         value_clip: float | None = 0.2,
         backend: Any = None,
+        adapt_threads: bool = True,
     ):
         self.value_clip = value_clip
-        super().__init__(hf_dir, bridge, optim, seed, backend=backend)
+        super().__init__(hf_dir, bridge, optim, seed, backend=backend, adapt_threads=adapt_threads)
 
     def _adapt_hf(self, state: dict[str, torch.Tensor]) -> None:
         """Untied backbone: the head replaces the output layer, the embedding stays."""

@@ -428,6 +428,9 @@ class TrainerConfig:
     # 0 = none. The run ends, evaluated and checkpointed, after the iteration that leaves no room
     # for another one of the same length: runs of different algorithms compare at the same cost.
     max_wall_s: float = 0.0
+    # the same config and seed give the same bits (records, weights, summary) whatever the load:
+    # batch-invariant rollout servers, seeded sampling per request, fixed learner thread counts
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         _check(self.iterations >= 0, "trainer.iterations", "must be >= 0")
@@ -471,6 +474,13 @@ class TrainConfig:
             # clipped ratio to the learner's recomputed logprobs, times the truncated
             # proximal/behaviour weight); algorithm.policy.tis_cap=0 turns it off
             pol.tis_cap = DECOUPLED_TIS_CAP
+        invariant = [n for n, e in ENGINES.items() if e.batch_invariant]
+        _check(
+            not self.trainer.deterministic or (rc.engine in invariant and rc.mode == "sync"),
+            "trainer.deterministic",
+            f"needs rollout.mode=sync (else when a push lands decides which policy samples) and an engine "
+            f"whose answers do not depend on their batch ({', '.join(invariant)}); got {rc.mode}, {rc.engine}",
+        )
         _check(
             self.cluster.launcher == "slurm" or self.parallel.backend == "gloo",
             "parallel.backend",

@@ -62,6 +62,7 @@ class Learner(LearnerState):
         bridge = bridge_config(cfg)
         seed = cfg.trainer.seed
         temp = logprob_temperature(cfg.episode.temperature)  # the rollout's logprobs are tempered
+        adapt = not cfg.trainer.deterministic  # fixed thread counts: the same reductions every step
         self.actor = Actor(
             cfg.model.path,
             bridge,
@@ -70,6 +71,7 @@ class Learner(LearnerState):
             train_vision=cfg.model.train_vision,
             temperature=temp,
             backend=backend,
+            adapt_threads=adapt,
         )
         self.vision = Geometry.of(cfg.model.path)  # None: a text-only model
         moe = self.actor.module.config if self.actor.router_stats is not None else None
@@ -83,7 +85,9 @@ class Learner(LearnerState):
         self.critic = None
         if cfg.algorithm.critic:
             copt = dataclasses.replace(cfg.optim, lr=cfg.algorithm.critic_lr)
-            self.critic = Critic(cfg.model.path, bridge, copt, seed=seed, backend=backend)
+            self.critic = Critic(
+                cfg.model.path, bridge, copt, seed=seed, backend=backend, adapt_threads=adapt
+            )
         self.ref = (
             Actor(
                 cfg.model.path,
@@ -93,6 +97,7 @@ class Learner(LearnerState):
                 trainable=False,
                 temperature=temp,
                 backend=backend,
+                adapt_threads=adapt,
             )
             if cfg.algorithm.reference
             else None

@@ -40,7 +40,11 @@ class Decoder:
 
     def _shared_prefixes(self) -> list[tuple[int, list[int]]] | None:
         """(P, slots) per group of running requests sharing their first P KV positions, when every
-        running request belongs to one and some group has several members; else None."""
+        running request belongs to one and some group has several members; else None. Never in a
+        batch-invariant engine: cascade attention merges two partial softmaxes, so a request's bits
+        would depend on who shares its prefix."""
+        if self.batch_invariant:
+            return None
         groups: dict[int, tuple[int, list[int]]] = {}
         for r in self.running:
             if r.shared is None:

@@ -63,11 +63,15 @@ class Engine(Intake, Scheduler, Decoder):
         device: str = "cpu",
         adapt_threads: bool = True,
         max_prompt_tokens: int = 0,
+        batch_invariant: bool = False,
     ):
         """``threads``: torch threads of the scheduler thread; with ``adapt_threads`` (CPU, more
         than one thread) the count is chosen step by step between 1 and ``threads`` from measured
         step times (``cpus.ThreadGovernor``: many threads collapse when the cores are shared).
-        ``max_prompt_tokens``: longer prompts are refused (413); 0: the context length bounds them."""
+        ``max_prompt_tokens``: longer prompts are refused (413); 0: the context length bounds them.
+        ``batch_invariant`` (``trainer.deterministic``): a request's tokens and logprobs are the same
+        bits alone, in a full batch and in any arrival order (given its ``sampling_seed``): batch-
+        invariant linear layers, no cascade attention, a fixed thread count."""
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
         if dtype not in ("float32", "bfloat16"):
@@ -75,7 +79,7 @@ class Engine(Intake, Scheduler, Decoder):
         if threads:
             torch.set_num_threads(threads)
         self._threads = threads  # None: torch's default in the main thread, 1 in a background thread
-        adapt = adapt_threads and device == "cpu" and bool(threads) and threads > 1
+        adapt = adapt_threads and not batch_invariant and device == "cpu" and bool(threads) and threads > 1
         self.governor = ThreadGovernor(threads) if adapt else None
         self.model_dir = str(model_dir)
         self.dtype = dtype
@@ -100,7 +104,8 @@ class Engine(Intake, Scheduler, Decoder):
         self.max_running = max_running
         self.max_prompt_tokens = max_prompt_tokens
         self.prefill_chunk = prefill_chunk
-        self.sm = SlotModel(self.model, max_running, self.max_len)
+        self.batch_invariant = batch_invariant
+        self.sm = SlotModel(self.model, max_running, self.max_len, batch_invariant)
         self.cache = PrefixCache(prefix_cache_tokens)
         self.weight_version = "default"
         self.waiting: deque[Request] = deque()

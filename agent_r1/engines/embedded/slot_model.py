@@ -79,21 +79,34 @@ def _onednn(dtype: torch.dtype) -> bool:
 
 
 class Linear:
-    """y = x W^T + b with W prepacked for oneDNN when available (see the module doc)."""
+    """y = x W^T + b with W prepacked for oneDNN when available (see the module doc).
 
-    __slots__ = ("weight", "bias", "packed")
+    ``invariant``: every row's result is the same bits whatever the other rows and the thread
+    count (batch invariance). oneDNN's prepacked kernel keeps a fixed reduction order per row for
+    every batch size (``tests/rollout/test_batch_invariance.py`` checks it on each machine), so an
+    invariant layer is packed at any size; ``F.linear`` is not (a one-row input takes a
+    matrix-vector kernel, a 7-row one splits differently), so without oneDNN an invariant layer runs
+    one row at a time through the same kernel."""
+
+    __slots__ = ("weight", "bias", "packed", "rowwise")
     MIN_PACKED = 1 << 18  # smaller weights (the tiny models') measured faster through F.linear
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, invariant: bool = False):
         self.bias = bias
+        cpu_onednn = weight.device.type == "cpu" and _onednn(weight.dtype)
         self.packed = (
             torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 128)
-            if weight.device.type == "cpu" and weight.numel() >= self.MIN_PACKED and _onednn(weight.dtype)
+            if cpu_onednn and (invariant or weight.numel() >= self.MIN_PACKED)
             else None
         )
         self.weight = None if self.packed is not None else weight
+        self.rowwise = invariant and self.packed is None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rowwise:
+            rows = x.reshape(-1, x.shape[-1])
+            out = torch.stack([F.linear(r, self.weight, self.bias) for r in rows]) if len(rows) else None
+            return F.linear(x, self.weight, self.bias) if out is None else out.view(*x.shape[:-1], -1)
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
@@ -147,10 +160,21 @@ def _eps(module: Any) -> float:
 
 
 class SlotModel:
-    def __init__(self, model: Any, slots: int, max_len: int):
+    def __init__(self, model: Any, slots: int, max_len: int, batch_invariant: bool = False):
+        """``batch_invariant``: a request's logits are the same bits alone or in any batch (every
+        linear layer ``Linear(invariant=True)``; the engine then also decodes without cascade
+        attention). A dense model on the CPU only."""
         cfg = model.config
         if cfg.model_type not in SUPPORTED:
             raise ValueError(f"model_type {cfg.model_type!r} not supported; supported: {SUPPORTED}")
+        self.batch_invariant = batch_invariant
+        if batch_invariant and (
+            cfg.model_type == "qwen3_moe" or next(model.parameters()).device.type != "cpu"
+        ):
+            raise ValueError(
+                "a batch-invariant engine (trainer.deterministic) runs dense models on the CPU; "
+                f"this one is {cfg.model_type} on {next(model.parameters()).device}"
+            )
         self.model = model
         self.vision = is_vision_config(cfg)
         self.inner = model.model.language_model if self.vision else model.model
@@ -182,6 +206,7 @@ class SlotModel:
     def refresh(self) -> None:
         """Rebuild the fused weights from the HF modules (after loading new weights)."""
         layers = []
+        lin = functools.partial(Linear, invariant=self.batch_invariant)
         with torch.no_grad():
             for layer in self.inner.layers:
                 a, m = layer.self_attn, layer.mlp
@@ -193,13 +218,13 @@ class SlotModel:
                         ln1_eps=_eps(layer.input_layernorm),
                         ln2=layer.post_attention_layernorm.weight,
                         ln2_eps=_eps(layer.post_attention_layernorm),
-                        qkv=Linear(
+                        qkv=lin(
                             torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
                             torch.cat(bias) if bias[0] is not None else None,
                         ),
-                        o=Linear(a.o_proj.weight),
-                        gate_up=None if moe else Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight])),
-                        down=None if moe else Linear(m.down_proj.weight),
+                        o=lin(a.o_proj.weight),
+                        gate_up=None if moe else lin(torch.cat([m.gate_proj.weight, m.up_proj.weight])),
+                        down=None if moe else lin(m.down_proj.weight),
                         experts=Experts(
                             m.gate.weight,
                             m.experts.gate_up_proj,
@@ -216,7 +241,7 @@ class SlotModel:
         self.layers = layers
         self.norm = (self.inner.norm.weight, _eps(self.inner.norm))
         self.embed = self.inner.embed_tokens.weight
-        self.lm_head = Linear(self.model.lm_head.weight)
+        self.lm_head = lin(self.model.lm_head.weight)
 
     @property
     def kv_bytes(self) -> int:
