@@ -79,7 +79,10 @@ def test_overrides_apply():
         ("model.dtype=float16", "model.dtype"),
         ("model.fp8_recipe=bogus", "model.fp8_recipe"),
         ("trainer.deterministic=true rollout.mode=stream", "trainer.deterministic: needs rollout.mode=sync"),
-        ("trainer.deterministic=true rollout=vllm", "do not depend on their batch (embedded); got sync, vllm"),
+        (
+            "trainer.deterministic=true rollout=vllm",
+            "do not depend on their batch (embedded); got sync, vllm",
+        ),
     ],
 )
 def test_bad_config_fails_naming_the_key(override, names):
