@@ -128,13 +128,40 @@ def test_corrupted_checkpoint_is_refused_and_the_previous_one_used(tiny_model_di
 
 def test_router_in_front_of_the_servers_and_a_restarted_server_rejoins(tiny_model_dir, tmp_path):
     """rollout.router=true: the real sglang-router starts first, every server registers with it,
-    workers send /generate through it; a killed server's replacement registers again."""
+    workers send /generate through it; a killed server's replacement registers again. The run has
+    more iterations than it needs and is stopped (the STOP file, as Ctrl-C) only once the
+    replacement has registered: how fast a replacement starts beside other work never decides the
+    outcome (the other server carries the run meanwhile)."""
     run = tmp_path / "router"
     args = reduced(
-        tiny_model_dir, run, "rollout.router=true", "rollout.servers=2", "episode.max_action_tokens=48"
+        tiny_model_dir, run, "rollout.router=true", "rollout.servers=2", "episode.max_action_tokens=48",
+        "trainer.iterations=1000", "trainer.eval_every=0", "trainer.checkpoint_every=0",
+    )  # fmt: skip
+    log0 = run / "logs" / "server_0.log"
+
+    def kill_server_0_then_stop_once_it_rejoins(p: subprocess.Popen) -> None:
+        os.kill(_role_pid(run, "server_0"), signal.SIGKILL)
+        wait_for(
+            lambda: log0.read_text().count("registered with the router") >= 2,
+            300,
+            "server_0's replacement to register with the router",
+            run=p,
+        )
+        (run / "control" / "STOP").write_text("test")
+
+    rc, out = run_until(
+        args,
+        run,
+        (run / "control" / "tasks" / "train_000000.w0.progress").exists,
+        "the first rollout",
+        kill_server_0_then_stop_once_it_rejoins,
     )
-    _kill_server_0_mid_rollout(run, args)
+    assert rc == 3, out[-4000:]  # stopped, checkpointed
+    assert "server_0 exited" in out and "restarting" in out
     router = json.loads((run / "control" / "router.json").read_text())["url"]
-    server0 = (run / "logs" / "server_0.log").read_text()
-    assert server0.count(f"registered with the router {router}") == 2  # first start and the restart
+    assert log0.read_text().count(f"registered with the router {router}") == 2  # first start and the restart
     assert f"registered with the router {router}" in (run / "logs" / "server_1.log").read_text()
+    trained = [e["iteration"] for e in ledger(run)]
+    assert trained == list(range(len(trained))) and trained  # each trained once, in order
+    for it in trained:  # every episode of every trained iteration made it
+        assert manifest(run, it)["num_trajectories"] == 4 * 4
