@@ -30,9 +30,7 @@ class EngineSpec:
     router: bool = True  # may stand behind the sglang-router (speaks SGLang's API)
     helper_engine: str | None = None  # the engine that serves helper models (teacher, judge)
     memory_plan: bool = False  # `agent-r1 plan` sizes its servers' GPU memory
-    batch_invariant: bool = (
-        False  # can serve a request's bits independent of its batch (trainer.deterministic)
-    )
+    batch_invariant: bool = False  # a request's bits never depend on its batch (trainer.deterministic)
     # (the upstream releases an engine is checked against live with its transport, where they are
     # enforced: weights/sglang.py SGLANG_OLDEST / SGLANG_BELOW, weights/vllm.py VLLM_OLDEST / VLLM_BELOW)
 

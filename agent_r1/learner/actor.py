@@ -55,8 +55,8 @@ class Actor(ActorSteps, ActorCheckpoint):
     ):
         """``backend``: what this rank runs on (``Backend.here()``: its GPU, else the CPU; a plan's
         from ``agent-r1 plan``). ``adapt_threads``: on a CPU the thread count of each step is chosen
-        from measured step times; False keeps it fixed (``trainer.deterministic``: a GEMM's
-        reductions split by thread count, so its bits would follow the machine's load)."""
+        from measured step times; False keeps it fixed (``trainer.deterministic``: sums such as the
+        loss's and the gradient norm's split by thread count, so their bits would follow the load)."""
         from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed

@@ -43,7 +43,7 @@ class Decoder:
         running request belongs to one and some group has several members; else None. Never in a
         batch-invariant engine: cascade attention merges two partial softmaxes, so a request's bits
         would depend on who shares its prefix."""
-        if self.batch_invariant:
+        if self.sm.batch_invariant:
             return None
         groups: dict[int, tuple[int, list[int]]] = {}
         for r in self.running:

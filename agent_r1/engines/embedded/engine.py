@@ -104,7 +104,6 @@ class Engine(Intake, Scheduler, Decoder):
         self.max_running = max_running
         self.max_prompt_tokens = max_prompt_tokens
         self.prefill_chunk = prefill_chunk
-        self.batch_invariant = batch_invariant
         self.sm = SlotModel(self.model, max_running, self.max_len, batch_invariant)
         self.cache = PrefixCache(prefix_cache_tokens)
         self.weight_version = "default"

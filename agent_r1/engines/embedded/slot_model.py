@@ -103,10 +103,9 @@ class Linear:
         self.rowwise = invariant and self.packed is None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.rowwise:
-            rows = x.reshape(-1, x.shape[-1])
-            out = torch.stack([F.linear(r, self.weight, self.bias) for r in rows]) if len(rows) else None
-            return F.linear(x, self.weight, self.bias) if out is None else out.view(*x.shape[:-1], -1)
+        if self.rowwise and x.numel():
+            rows = [F.linear(r, self.weight, self.bias) for r in x.reshape(-1, x.shape[-1])]
+            return torch.stack(rows).view(*x.shape[:-1], -1)
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
