@@ -52,11 +52,16 @@ class Actor(ActorSteps, ActorCheckpoint):
         temperature: float = 1.0,
         backend: Backend | None = None,
         adapt_threads: bool = True,
+        logprob_values: Any = None,
     ):
         """``backend``: what this rank runs on (``Backend.here()``: its GPU, else the CPU; a plan's
         from ``agent-r1 plan``). ``adapt_threads``: on a CPU the thread count of each step is chosen
         from measured step times; False keeps it fixed (``trainer.deterministic``: sums such as the
-        loss's and the gradient norm's split by thread count, so their bits would follow the load)."""
+        loss's and the gradient norm's split by thread count, so their bits would follow the load).
+        ``logprob_values``: where the policy's logprobs take their values from (their gradients
+        stay this model's): an object with ``version``, ``load(hf_tensors, version)`` and
+        ``logprobs(tokens, bounds, labels)`` (the embedded engine's ``Scorer``:
+        ``trainer.deterministic``'s true on-policy, every logprob the engine's bits)."""
         from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -75,6 +80,7 @@ class Actor(ActorSteps, ActorCheckpoint):
         adapt = adapt_threads and self.device.type == "cpu" and threads > 1
         self.governor = ThreadGovernor(threads) if adapt else None
         self.hf_config = AutoConfig.from_pretrained(self.hf_dir)
+        self.logprob_values = logprob_values
         self.train_vision = bool(train_vision and trainable)
         model_parallel_cuda_manual_seed(seed)
         state = read_hf_state(self.hf_dir, self.hf_config, self.backend)

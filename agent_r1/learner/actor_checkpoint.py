@@ -172,6 +172,8 @@ class ActorCheckpoint:
                     if "step" in st:
                         st["step"] = torch.tensor(float(meta["steps"]))
         self.steps = meta["steps"]
+        if self.logprob_values is not None:
+            self.logprob_values.version = None  # new weights at a step count it may have seen
         if self.scheduler is not None and meta["scheduler"] is not None:
             self.scheduler.load_state_dict(meta["scheduler"])
         return meta["trainer"]

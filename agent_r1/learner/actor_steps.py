@@ -12,7 +12,7 @@ import torch
 from agent_r1.algos.losses import LossConfig, LossInputs, loss_config, policy_loss
 from agent_r1.learner.context_parallel import gather_rows
 from agent_r1.learner.forward import packed_forward
-from agent_r1.learner.logprobs import packed_logprobs
+from agent_r1.learner.logprobs import aligned, packed_logprobs
 from agent_r1.learner.optim import pad_multiple
 from agent_r1.learner.packing import Packed
 
@@ -97,7 +97,12 @@ class ActorSteps:
         self.steps += 1
         return {"grad_norm": float(grad_norm or 0.0), "lr": float(self.optimizer.param_groups[0]["lr"])}
 
-    def _logprobs(self, mb: Packed, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _logprobs(
+        self, mb: Packed, logits: torch.Tensor, align: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each action token's logprob and entropy from the output ``logits``; with a
+        ``logprob_values`` source (``trainer.deterministic``) and ``align``, the logprobs' values
+        are its, their gradients these logits' (``logprobs.aligned``)."""
         from megatron.core import parallel_state as ps
 
         group, rank = ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_rank()
@@ -113,7 +118,21 @@ class ActorSteps:
         )
         if cp is not None:  # every CP rank's labels: the micro-batch's whole vectors
             lp, ent = gather_rows(lp, cp), gather_rows(ent, cp)
+        if align and self.logprob_values is not None:
+            lp = aligned(lp, self._exact_logprobs(mb))
         return lp, ent
+
+    def _exact_logprobs(self, mb: Packed) -> torch.Tensor:
+        """``logprob_values``' logprobs of ``mb`` under the current weights (sent once per step)."""
+        src = self.logprob_values
+        if mb.positions.dim() != 1 or mb.cp is not None or mb.images:
+            raise ValueError("exact logprobs (trainer.deterministic) take text micro-batches without CP")
+        for a, e in mb.bounds:  # the engine prefills every sequence from position 0
+            if int(mb.positions[a]) != 0:
+                raise ValueError(f"the packed sequence at rows {a}..{e} does not start at position 0")
+        if src.version != self.steps:
+            src.load(self.export_hf(), self.steps)
+        return src.logprobs(mb.tokens, mb.bounds, mb.label_pos).to(self.device)
 
     # ---- API --------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -179,7 +198,8 @@ class ActorSteps:
             seen = torch.full_like(targets.advantages, float("nan"))
 
         def loss_fn(mb, logits):
-            lp, ent = self._logprobs(mb, logits)
+            # the warm start's NLL reads no ratio: its values need not be the engine's
+            lp, ent = self._logprobs(mb, logits, align=loss_name != "sft")
             idx = mb.act_index
             seen[idx] = lp.detach()
 

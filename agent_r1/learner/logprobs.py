@@ -233,3 +233,22 @@ def install_output_rows(model: Any) -> dict[str, Any] | None:
     layer.forward = forward
     m._output_rows_box = box
     return box
+
+
+class _Aligned(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, computed: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+        return exact.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+def aligned(computed: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """``exact``'s values with ``computed``'s gradient: the same function computed twice, its
+    values taken from one computation and its gradient from the other (``computed + (exact -
+    computed).detach()`` would round)."""
+    if computed.shape != exact.shape:
+        raise ValueError(f"aligned: {tuple(computed.shape)} logprobs against {tuple(exact.shape)}")
+    return _Aligned.apply(computed, exact.to(computed.dtype))

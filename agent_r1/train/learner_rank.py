@@ -63,6 +63,11 @@ class Learner(LearnerState):
         seed = cfg.trainer.seed
         temp = logprob_temperature(cfg.episode.temperature)  # the rollout's logprobs are tempered
         adapt = not cfg.trainer.deterministic  # fixed thread counts: the same reductions every step
+        values = None
+        if cfg.trainer.deterministic:  # true on-policy: logprob values the engine's bits
+            from agent_r1.engines.embedded.scorer import Scorer
+
+            values = Scorer(cfg.model.path, cfg.model.dtype, temp)
         self.actor = Actor(
             cfg.model.path,
             bridge,
@@ -72,6 +77,7 @@ class Learner(LearnerState):
             temperature=temp,
             backend=backend,
             adapt_threads=adapt,
+            logprob_values=values,
         )
         self.vision = Geometry.of(cfg.model.path)  # None: a text-only model
         moe = self.actor.module.config if self.actor.router_stats is not None else None

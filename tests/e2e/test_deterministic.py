@@ -1,6 +1,7 @@
 """``trainer.deterministic``: two runs of the same config and seed give the same bits — every
 record (tokens, logprobs, rewards), the weights after every iteration and the summary — one of them
-beside a busy process that takes a core (other thread timings, other batches on the server)."""
+beside a busy process that takes a core (other thread timings, other batches on the server); and
+the learner's logprobs of the sampled actions are the engine's, bit for bit."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from agent_r1.records.reader import RecordStore
-from tests.helpers.train_checks import check_finished, reduced, train
+from tests.helpers.train_checks import check_finished, read_scalars, reduced, train
 
 pytestmark = pytest.mark.slow
 
@@ -67,3 +68,7 @@ def test_two_deterministic_runs_give_the_same_records_weights_and_summary(tiny_m
     assert {k: v for k, v in a.items() if k not in VARYING} == {
         k: v for k, v in b.items() if k not in VARYING
     }
+    # true on-policy: the learner's logprobs of every sampled action are the engine's bits
+    scalars = read_scalars(tmp_path / "a" / "tensorboard")
+    assert [v for _, v in scalars["mismatch/bitwise_equal_fraction"]] == [1.0, 1.0]
+    assert [v for _, v in scalars["mismatch/max_abs_logprob_diff"]] == [0.0, 0.0]

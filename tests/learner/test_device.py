@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 _STEPS = """
 import json, os, resource, sys, torch
 if sys.argv[1] == "keep":
@@ -95,3 +97,35 @@ def test_the_cpu_learners_tensor_scale_writes_in_place():
     assert all(out["same"]), out["same"]
     assert out["faults"]["megatron"] >= 3 * 16_000, out["faults"]
     assert out["faults"]["ours"] < 1_000, out["faults"]
+
+
+META = r"""
+import json, sys, torch
+from agent_r1.learner.backend import cpu_compat
+cpu_compat.apply()
+from transformers import AutoModelForCausalLM
+with torch.device("meta"):
+    devices = [str(torch.tensor([1.0]).device), str(torch.zeros(2).device), str(torch.arange(3).device)]
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
+print(json.dumps({"devices": devices, "inv_freq": model.model.rotary_emb.inv_freq.tolist()}))
+"""
+
+
+def test_device_contexts_and_hf_loading_still_work_after_the_cpu_patches(tiny_model_dir):
+    """``cpu_compat.apply`` wraps torch's factories; ``with torch.device("meta")`` must still move
+    them (it recognises factories by identity), or transformers' meta-device init leaves an HF
+    model's non-persistent buffers (the rotary inv_freq) as uninitialised memory in any process
+    that loads one after the patches (the learner's engine scorer does)."""
+    from transformers import AutoConfig
+
+    proc = subprocess.run(
+        [sys.executable, "-c", META, str(tiny_model_dir)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["devices"] == ["meta"] * 3
+    cfg = AutoConfig.from_pretrained(tiny_model_dir)
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    theta = cfg.rope_parameters["rope_theta"] if hasattr(cfg, "rope_parameters") else cfg.rope_theta
+    ref = [1.0 / theta ** (i / head) for i in range(0, head, 2)]  # the default RoPE frequencies
+    assert out["inv_freq"] == pytest.approx(ref, rel=1e-6)

@@ -326,9 +326,11 @@ class SlotModel:
         items: list[tuple[int, list[int], int]],
         rope: list[torch.Tensor | None] | None = None,
         embeds: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
+        out_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """items = (slot, token ids, start position): write their KV; logits (len(items), vocab) of
-        each item's last token. Projections and MLPs run once over all items' tokens.
+        each item's last token (``out_rows``: of these rows of the items' tokens laid end to end
+        instead). Projections and MLPs run once over all items' tokens.
 
         Images (Qwen2-VL): ``rope[j]`` = item j's (3, n) rotary positions (None: start..start+n-1
         on all rows); ``embeds[j]`` = (offsets in the item, rows) replacing those tokens'
@@ -390,7 +392,7 @@ class SlotModel:
             return torch.cat(outs)
 
         h = self._layers(x, attention)
-        return self.lm_head(h[torch.tensor(bounds[1:], device=dev) - 1])
+        return self.lm_head(h[torch.tensor(bounds[1:], device=dev) - 1 if out_rows is None else out_rows])
 
     def prefill(self, slot: int, ids: list[int], start: int) -> torch.Tensor:
         return self.prefill_many([(slot, ids, start)])[0]

@@ -97,6 +97,11 @@ def apply(target: torch.device | str = "cpu") -> bool:
     torch.cuda.current_stream = lambda *a, **k: _HOST_STREAM
     torch.cuda.Stream = _HostStream  # a class still (annotations use it): equal to the current stream
     torch.cuda.stream = lambda s=None: contextlib.nullcontext()
+    # ``with torch.device(d)`` moves the factory calls it recognises, by identity, in a set built
+    # once: built after the patch it would hold the wrappers, never see the originals they call,
+    # and leave every tensor on the CPU (transformers' meta-device init then left non-persistent
+    # buffers such as the rotary inv_freq uninitialised in HF models loaded after this point)
+    torch.utils._device._device_constructors()
     for name in _FACTORIES:
         orig = getattr(torch, name)
 
