@@ -481,6 +481,13 @@ class TrainConfig:
             f"needs rollout.mode=sync (else when a push lands decides which policy samples) and an engine "
             f"whose answers do not depend on their batch ({', '.join(invariant)}); got {rc.mode}, {rc.engine}",
         )
+        par = self.parallel
+        _check(
+            not self.trainer.deterministic or (par.pp == 1 and par.cp == 1),
+            "trainer.deterministic",
+            "takes the policy's logprob values from the engine's forward of the whole model on each "
+            f"learner rank: it needs parallel.pp=1 and parallel.cp=1, got pp={par.pp} cp={par.cp}",
+        )
         _check(
             self.cluster.launcher == "slurm" or self.parallel.backend == "gloo",
             "parallel.backend",

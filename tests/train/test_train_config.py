@@ -83,6 +83,10 @@ def test_overrides_apply():
             "trainer.deterministic=true rollout=vllm",
             "do not depend on their batch (embedded); got sync, vllm",
         ),
+        (
+            "trainer.deterministic=true parallel.learner_ranks=2 parallel.pp=2",
+            "trainer.deterministic: takes the policy's logprob values from the engine's forward",
+        ),
     ],
 )
 def test_bad_config_fails_naming_the_key(override, names):

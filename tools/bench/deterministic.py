@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark: what ``trainer.deterministic`` costs the rollout engine. The embedded engine with
+"""Benchmark: what ``trainer.deterministic`` costs the rollout engine and the learner. The embedded engine with
 ``batch_invariant=True`` (every linear layer through the batch-invariant kernel, no cascade
 attention, a fixed thread count) against the same engine as runs use it by default, in the same
 run, on the agentic workload of ``rollout.py``: 16 prompts of 256 tokens x n=8 samples, per-request
@@ -8,8 +8,13 @@ max_new_tokens drawn in [16, 192], temperature 1, each request seeded.
     python tools/bench/deterministic.py --model artifacts/tiny-qwen3 [--model artifacts/smollm2-135m-instruct]
 
 Also checks what the mode promises on this workload: the invariant engine's tokens and logprobs
-are the same bits on every repeat, with the requests submitted in another order each time. Ends
-with ``BENCH`` lines (generated tokens/s; ratio = invariant / default).
+are the same bits on every repeat, with the requests submitted in another order each time.
+
+The learner: one iteration's work on a quickstart-shaped batch (16 groups of 8 two-step episodes,
+prompts of 150-200 tokens, actions of 10-40), one PPO step (its forward gives the old logprobs), with the
+engine's ``Scorer`` as the source of the logprob values (deterministic mode: true on-policy)
+against the learner as runs use it by default, the same thread count. Ends with ``BENCH`` lines
+(generated tokens/s, seconds per iteration; ratio = default time / deterministic time).
 """
 
 from __future__ import annotations
@@ -85,6 +90,57 @@ def bench_model(path: str, threads: int, repeat: int, lines: list[str]) -> None:
     )
 
 
+def bench_learner(path: str, lines: list[str]) -> None:
+    import socket
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from transformers import AutoConfig
+
+    from agent_r1.engines.embedded.scorer import Scorer
+    from agent_r1.learner.actor import Actor
+    from agent_r1.learner.actor_steps import PolicyTargets
+    from agent_r1.learner.backend.cpu_compat import apply
+    from agent_r1.learner.batch import LearnerBatch
+    from agent_r1.learner.optim import OptimConfig
+    from agent_r1.records.synth import synth_table
+    from megatron_bridge import BridgeConfig
+
+    name = path.rstrip("/").split("/")[-1]
+    if not dist.is_initialized():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        apply()
+        ps.initialize_model_parallel(1, 1)
+    vocab = AutoConfig.from_pretrained(path).vocab_size
+    table = synth_table(128, group_size=8, max_steps=2, seed=0, prompt_len=(150, 200),
+                        action_len=(10, 40), feedback_len=(5, 10), vocab=vocab)  # fmt: skip
+    batch = LearnerBatch.from_table(table)
+    micro = batch.micro_batches(None, 4096)
+    adv = batch.per_token(torch.linspace(-1, 1, batch.num_steps))
+    optim = OptimConfig(lr=1e-5, micro_tokens=4096)
+    best = {}
+    for mode in ("default", "deterministic"):
+        values = Scorer(path, "float32", 1.0) if mode == "deterministic" else None
+        actor = Actor(path, BridgeConfig(), optim, adapt_threads=False, logprob_values=values)
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            actor.train_step(micro, PolicyTargets(adv), "ppo")  # one step: its forward gives the old logprobs
+            times.append(time.perf_counter() - t0)
+        best[mode] = min(times)
+    print(
+        f"[{name}] learner iteration ({batch.num_action_tokens} action tokens, {len(micro)} micro-batches): "
+        f"default {best['default']:.2f} s, with the engine's logprobs {best['deterministic']:.2f} s"
+    )
+    lines.append(
+        f"BENCH deterministic_learner_{name} seconds_per_iteration={best['deterministic']:.2f} "
+        f"baseline=default_learner ratio={best['default'] / best['deterministic']:.2f}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", action="append", required=True, help="HF model folder (repeatable)")
@@ -95,6 +151,8 @@ def main() -> None:
     lines: list[str] = []
     for m in a.model:
         bench_model(m, a.threads, a.repeat, lines)
+    for m in a.model:
+        bench_learner(m, lines)
     print("\n".join(lines))
 
 
