@@ -18,7 +18,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--num", type=cli_args.positive_int, default=64)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", required=True)
+    d.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a recipe option (repeatable; the value read as YAML), as recipe.options in training: "
+        "--option task=chain_sum --option min_terms=2",
+    )
     d.set_defaults(fn=run)
+
+
+def options(pairs: list[str]) -> dict:
+    """``KEY=VALUE`` pairs as a dict, each value read as YAML (``2`` an int, ``true`` a bool)."""
+    import yaml
+
+    out = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"--option {pair!r}: expected KEY=VALUE")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
 
 
 def run(a: argparse.Namespace) -> int:
@@ -27,8 +48,8 @@ def run(a: argparse.Namespace) -> int:
 
     log = setup_logging("data")
     try:
-        rows = load_recipe(a.recipe).build_rows(split=a.split, num=a.num, seed=a.seed)
-    except (KeyError, ValueError, FileNotFoundError) as e:  # an unknown recipe or split, missing files
+        rows = load_recipe(a.recipe).build_rows(split=a.split, num=a.num, seed=a.seed, **options(a.option))
+    except (KeyError, ValueError, TypeError, FileNotFoundError) as e:  # an unknown recipe, split or option
         print(f"agent-r1 data: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
     log.info("wrote %d rows to %s", len(rows), write_rows(rows, a.out))
