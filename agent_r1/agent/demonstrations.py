@@ -18,13 +18,6 @@ class Misstep(str):
     tokens get mask 0, and the replay checks that the environment did refuse it."""
 
 
-class Guess(str):
-    """A demonstrated answer made without the work (a noisy demonstrator's guess): its choice to
-    answer is imitated, its numbers are not (their tokens get mask 0). Imitating a guess's number
-    would teach the policy to write numbers the problem does not support, the very thing its other
-    path, the tool, must not do."""
-
-
 class Demonstrator:
     """A ``generate`` that replies with given texts, one list per trajectory (``session(id)``)."""
 

@@ -11,7 +11,7 @@ import asyncio
 from typing import Any
 
 from agent_r1.agent.chat import ChatCodec
-from agent_r1.agent.demonstrations import Demonstrator, Guess, Misstep
+from agent_r1.agent.demonstrations import Demonstrator, Misstep
 from agent_r1.agent_tools.services import Services
 
 
@@ -26,7 +26,7 @@ def demonstration_records(
 ):
     """Step records of the recipe's demonstrations for ``rows`` (``recipe.demonstrations``), their
     environments given ``services`` (the run's); a ``Misstep`` turn's action is masked (not
-    imitated), and so are a ``Guess`` turn's tokens that hold a digit."""
+    imitated)."""
     from agent_r1.agent.run_episodes import run_episodes
 
     if recipe.demonstrations is None:
@@ -49,11 +49,7 @@ def demonstration_records(
     for t in trajs:
         for s in t.steps:
             refused = [c["error"] for c in s.info.get("tool_calls", []) if c.get("error")]
-            turn = by_id[t.trajectory_id][s.step_index]
-            if isinstance(turn, Guess):
-                digits = [any(c.isdigit() for c in codec.decode([i])) for i in s.action_token_ids]
-                s.action_mask = [0 if d else m for d, m in zip(digits, s.action_mask, strict=True)]
-            if isinstance(turn, Misstep):
+            if isinstance(by_id[t.trajectory_id][s.step_index], Misstep):
                 s.action_mask = [0] * len(s.action_token_ids)
                 if not refused:
                     accepted.append((t.trajectory_id, s.step_index))

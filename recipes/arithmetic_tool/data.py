@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from agent_r1.agent.demonstrations import Guess, noisy_demonstrations
+from agent_r1.agent.demonstrations import noisy_demonstrations
 from agent_r1.agent.tool_calls import format_tool_call, format_tool_responses
 from agent_r1.data.rows import DataRow
 
@@ -102,15 +102,14 @@ def demonstration(p: Problem) -> list[dict[str, str]]:
 def demonstrations(rows: list[DataRow], seed: int = 0, tool_rate: float = 1.0) -> list[list[str]]:
     """Assistant turns of a demonstrator for each row (warm start): the calculator, then the
     answer. With ``tool_rate`` < 1 it is a noisy demonstrator: the rest of the time it skips the
-    calculator and guesses the starting amount, which is wrong (a ``Guess``: the warm start imitates
-    answering without the tool, not the guessed number)."""
+    calculator and guesses the starting amount, which is wrong."""
 
     def with_tool(row: DataRow) -> list[str]:
         expr, answer = row.extra_info["expression"], row.reward_model["ground_truth"]
         return [format_tool_call("calculator", {"expression": expr}), f"The answer is \\boxed{{{answer}}}."]
 
-    def without_tool(row: DataRow) -> list[str]:  # its number is not imitated (``Guess``)
-        return [Guess(f"The answer is \\boxed{{{row.extra_info['expression'].split(' ')[0].strip('()')}}}.")]
+    def without_tool(row: DataRow) -> list[str]:
+        return [f"The answer is \\boxed{{{row.extra_info['expression'].split(' ')[0].strip('()')}}}."]
 
     return noisy_demonstrations(rows, seed, tool_rate, with_tool, without_tool)
 

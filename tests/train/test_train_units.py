@@ -101,14 +101,6 @@ def test_noisy_demonstrator_replayed_through_the_agent_flow(codec):
     for t in tool:
         answer = by_id[t.trajectory_id].reward_model["ground_truth"]
         assert f"\\boxed{{{answer}}}" in codec.decode(t.steps[-1].action_token_ids)
-        assert all(m == 1 for s in t.steps for m in s.action_mask)  # every token imitated
-    # a guess is imitated as a choice (answer now), not as a number: its digits' tokens are masked
-    for t in guess:
-        (s,) = t.steps
-        kept = codec.decode([i for i, m in zip(s.action_token_ids, s.action_mask, strict=True) if m])
-        start = by_id[t.trajectory_id].extra_info["expression"].split(" ")[0].strip("()")
-        assert start in codec.decode(s.action_token_ids) and not any(c.isdigit() for c in kept)
-        assert "The answer is" in kept and 0 < s.action_mask.count(0) < len(s.action_mask)
 
 
 def test_stats_from_record_columns_equal_stats_from_trajectories(codec):
