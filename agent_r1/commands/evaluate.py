@@ -1,9 +1,10 @@
 """``agent-r1 eval``: a model (an HF folder, a run directory's checkpoint, or a server / router URL)
 on a recipe's split or a file of data rows, ``n`` samples per prompt.
 
-Writes ``metrics.json`` (success and mean reward with 95% intervals, unbiased pass@k for k <= n,
-steps, tool calls and errors, truncation, tokens, wall time) and the episodes as a step-record
-shard. With ``--run`` and no other settings it evaluates exactly as the trainer does (its test
+Writes ``metrics.json`` (success and mean reward with 95% intervals — Wilson's and a bootstrap
+over prompts — unbiased pass@k for k <= n, steps, tool calls and errors, truncation, tokens, wall
+time, each prompt's success) and the episodes as a step-record shard. ``--baseline`` compares with
+an earlier evaluation of the same rows: the gain and its paired bootstrap interval. With ``--run`` and no other settings it evaluates exactly as the trainer does (its test
 split, greedy, its step and token budgets, its engine settings), so the number it prints is the
 trainer's held-out number for that checkpoint.
 """
@@ -51,6 +52,43 @@ def mean_ci(xs: list[float], z: float = 1.96) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
+BOOTSTRAP_SAMPLES = 10_000
+
+
+def bootstrap_ci(values: list[float], samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of the mean of ``values`` (resampled with replacement,
+    seeded: the same values give the same interval). Paired differences give a gain's interval."""
+    import numpy as np
+
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        return 0.0, 0.0
+    idx = np.random.default_rng(seed).integers(0, x.size, size=(samples, x.size))
+    means = x[idx].mean(axis=1)
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def paired_gain(metrics: dict[str, Any], baseline: dict[str, Any], where: str) -> dict[str, Any]:
+    """``metrics`` minus ``baseline`` (two evaluations of the same rows): the success gain, its
+    paired bootstrap interval over prompts, and what the baseline was."""
+    from agent_r1.errors import UsageError
+
+    a, b = metrics["per_prompt_success"], baseline.get("per_prompt_success")
+    if b is None:
+        raise UsageError(f"--baseline {where}: no per_prompt_success (evaluate the baseline again)")
+    mine = (metrics["data"], metrics["settings"]["num"], len(a))
+    theirs = (baseline.get("data"), baseline.get("settings", {}).get("num"), len(b))
+    if mine != theirs:
+        raise UsageError(f"--baseline {where}: evaluated other rows (data, num, prompts: {theirs} vs {mine})")
+    diff = [x - y for x, y in zip(a, b, strict=True)]
+    lo, hi = bootstrap_ci(diff)
+    return {
+        "baseline": {"model": baseline.get("model"), "success": baseline.get("success"), "path": where},
+        "gain": sum(diff) / len(diff),
+        "gain_ci95": [lo, hi],
+    }
+
+
 def summarize(trajs: list[Any], n: int, wall_s: float) -> dict[str, Any]:
     """Metrics of ``trajs`` (``n`` consecutive samples per prompt, as ``run_episodes`` orders them)."""
     success = [float(t.metrics.get("success", 0.0)) for t in trajs]
@@ -58,6 +96,7 @@ def summarize(trajs: list[Any], n: int, wall_s: float) -> dict[str, Any]:
     lo, hi = wilson(sum(success), len(success))
     r_mean, r_lo, r_hi = mean_ci(reward)
     prompts = [success[i : i + n] for i in range(0, len(success), n)]
+    per_prompt = [sum(p) / len(p) for p in prompts]
     steps = [len(t.steps) for t in trajs]
     out: dict[str, Any] = {
         "episodes": len(trajs),
@@ -65,6 +104,7 @@ def summarize(trajs: list[Any], n: int, wall_s: float) -> dict[str, Any]:
         "samples_per_prompt": n,
         "success": sum(success) / max(len(success), 1),
         "success_ci95": [lo, hi],
+        "success_bootstrap_ci95": list(bootstrap_ci(per_prompt)),
         "reward": r_mean,
         "reward_ci95": [r_lo, r_hi],
         "pass_at_k": {
@@ -79,6 +119,7 @@ def summarize(trajs: list[Any], n: int, wall_s: float) -> dict[str, Any]:
         / max(len(trajs), 1),
         "action_tokens": sum(len(s.action_token_ids) for t in trajs for s in t.steps),
         "wall_seconds": round(wall_s, 2),
+        "per_prompt_success": per_prompt,
     }
     return out
 
@@ -125,6 +166,12 @@ def add_parser(sub: Any) -> None:
         " with --run, else ./eval_out)",
     )
     ev.add_argument(
+        "--baseline",
+        default=None,
+        help="an earlier evaluation of the same rows (its metrics.json or folder): the success gain"
+        " over it with a paired bootstrap 95%% interval",
+    )
+    ev.add_argument(
         "--index", default=None, help="the search tools' index (default: the run's retrieval.index)"
     )
     ev.add_argument("--no-progress", action="store_true")
@@ -138,10 +185,14 @@ def run(a: Any) -> int:
     m = run_eval(a)
     lo, hi = m["success_ci95"]
     passes = " ".join(f"pass@{k} {v:.3f}" for k, v in m["pass_at_k"].items())
+    gain = ""
+    if "gain" in m:
+        g_lo, g_hi = m["gain_ci95"]
+        gain = f"\ngain over {m['baseline']['model']}: {m['gain']:+.3f} [{g_lo:+.3f}, {g_hi:+.3f}] (paired bootstrap)"
     print(
         f"eval {m['data']}: success {m['success']:.3f} [{lo:.3f}, {hi:.3f}] over {m['episodes']} episodes"
         f" ({m['prompts']} prompts x {m['samples_per_prompt']}); {passes}; reward {m['reward']:.3f};"
-        f" steps {m['steps_per_episode']:.2f} tools {m['tool_calls_per_episode']:.2f}\n"
+        f" steps {m['steps_per_episode']:.2f} tools {m['tool_calls_per_episode']:.2f}{gain}\n"
         f"metrics:  {m['out']}/metrics.json\nepisodes: {m['out']}/records",
         flush=True,
     )
@@ -153,11 +204,20 @@ def run_eval(a: Any) -> dict[str, Any]:
     from agent_r1.agent.flow import AGENTS
     from agent_r1.commands.policy_source import resolve_policy, serving
     from agent_r1.data.rows import load_rows
+    from agent_r1.errors import UsageError
     from agent_r1.records.schema import records_to_table
     from agent_r1.records.shard import finalize_iteration, write_shard
     from recipes import load_all, load_recipe
 
     load_all()
+    baseline = None
+    if a.baseline:  # read first: a wrong path fails before anything starts
+        where = Path(a.baseline)
+        where = where / "metrics.json" if where.is_dir() else where
+        try:
+            baseline = json.loads(where.read_text())
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--baseline {a.baseline}: not an evaluation's metrics.json ({e})") from None
     # a run's evaluations without --out share one export of each checkpoint (RUN/evals/hf_iter_N)
     exports = Path(a.out or (Path(a.run) / "evals" if a.run else "eval_out"))
     exports.mkdir(parents=True, exist_ok=True)
@@ -187,6 +247,8 @@ def run_eval(a: Any) -> dict[str, Any]:
     metrics = summarize(trajs, a.n, time.time() - t0)
     settings = {"recipe": recipe, "split": split, "num": num, "seed": policy.seed, **policy.episode.to_dict()}
     metrics.update(model=source, settings=settings, data=a.data or f"{recipe}:{split}")
+    if baseline is not None:
+        metrics.update(paired_gain(metrics, baseline, str(where)))
     write_shard(out / "records", 0, 0, records_to_table([st for t in trajs for st in t.steps]))
     finalize_iteration(out / "records", 0)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1))

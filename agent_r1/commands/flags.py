@@ -33,7 +33,12 @@ def add_policy_flags(p: argparse.ArgumentParser, many_urls: bool = False) -> Non
     without ``--url`` an embedded server is started (``--max-len``, ``--dtype``)."""
     p.add_argument("--model", help="an HF model folder")
     p.add_argument("--run", help="a run directory: its newest (or --iteration) checkpoint and settings")
-    p.add_argument("--iteration", type=cli_args.nonneg_int, default=None, help="with --run: this checkpoint")
+    p.add_argument(
+        "--iteration",
+        type=cli_args.nonneg_int,
+        default=None,
+        help="with --run: this checkpoint (0 without a warm start: the model the run started from)",
+    )
     p.add_argument(
         "--url",
         action="append" if many_urls else None,

@@ -86,6 +86,9 @@ def resolve_model(a: Any, export_dir: Path) -> tuple[Any, str | None, str]:
     if not (run / "config.yaml").exists():
         raise UsageError(f"--run {run}: not a run directory (no config.yaml)")
     cfg = from_yaml(run / "config.yaml")
+    if a.iteration == 0 and not (run / "checkpoints" / "iter_000000" / "agent_r1_state.json").exists():
+        # no warm start: iteration 0 is the model the run started from, with the run's settings
+        return cfg, cfg.model.path, cfg.model.path
     ckpt = newest_checkpoint(run, a.iteration, getattr(a, "strict", False))
     log.info("exporting %s to an HF folder", ckpt)
     return cfg, str(export_checkpoint(ckpt, Path(cfg.model.path), export_dir / f"hf_{ckpt.name}")), str(ckpt)

@@ -4,8 +4,10 @@ difficulty keys passed through, its own ``score_answer`` as the reward.
 ``recipe.options``: ``task`` (a reasoning-gym dataset name, e.g. ``basic_arithmetic``,
 ``chain_sum``, ``gsm_symbolic``, ``letter_counting``), ``tool`` (true: the calculator, up to 5
 steps), ``system_prompt`` (one of reasoning-gym's ``SYSTEM_PROMPTS``; its ``default`` asks for the
-answer in ``<answer>...</answer>``), and any other key goes to the generator's config
-(``min_terms=2`` ...). A row is one generated item: its question as the user turn, and as its
+answer in ``<answer>...</answer>``), ``examples`` (worked examples shown before every question as
+earlier user and assistant turns, ``[[question, answer], ...]``: a small instruct model copies their
+format; a fixed example rather than drawn items, whose answers it would copy too), and any other
+key goes to the generator's config (``min_terms=2`` ...). A row is one generated item: its question as the user turn, and as its
 ``reward_model.ground_truth`` the task and the item itself (question, answer, metadata, as JSON),
 which is all ``score_answer`` reads. Train, test and val draw from disjoint
 seed ranges (item ``i`` of a split with seed ``s`` is the generator's item at seed
@@ -57,6 +59,7 @@ def build_rows(
     task: str = "basic_arithmetic",
     tool: bool = False,
     system_prompt: str = "default",
+    examples: list[list[str]] | None = None,
     **config: Any,
 ) -> list[DataRow]:
     """``num`` items of reasoning-gym's ``task`` for ``split``, the generator configured by ``config``."""
@@ -77,12 +80,17 @@ def build_rows(
     except TypeError as e:  # an unknown config key
         raise ValueError(f"recipe.options for reasoning-gym's {task}: {e}") from None
     system = prompts[system_prompt] + ("\n" + TOOL_HINT if tool else "")
+    shots = _shots(examples or [])
     rows = []
     for i in range(num):
         item = _jsonable(ds[i])
         rows.append(
             DataRow(
-                prompt=[{"role": "system", "content": system}, {"role": "user", "content": item["question"]}],
+                prompt=[
+                    {"role": "system", "content": system},
+                    *shots,
+                    {"role": "user", "content": item["question"]},
+                ],
                 agent_name=AGENT_TOOL if tool else AGENT,
                 reward_model={"style": "reasoning_gym", "ground_truth": ground_truth(task, item)},
                 data_source=f"reasoning_gym/{task}",
@@ -95,6 +103,18 @@ def build_rows(
             )
         )
     return rows
+
+
+def _shots(examples: Any) -> list[dict[str, str]]:
+    """``[[question, answer], ...]`` -> alternating user and assistant turns."""
+    turns = []
+    for i, ex in enumerate(examples):
+        if not (isinstance(ex, list | tuple) and len(ex) == 2 and all(isinstance(x, str) and x for x in ex)):
+            raise ValueError(
+                f"recipe.options.examples[{i}]: a [question, answer] pair of non-empty strings, got {ex!r}"
+            )
+        turns += [{"role": "user", "content": ex[0]}, {"role": "assistant", "content": ex[1]}]
+    return turns
 
 
 def corpus(num: int = 200, seed: int = 0) -> list[str]:

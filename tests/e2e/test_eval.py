@@ -42,6 +42,16 @@ def test_sampled_eval_reports_pass_at_k(tiny_model_dir, tmp_path):
     assert p == sorted(p) and p[0] == pytest.approx(m["success"])  # pass@1 is the mean success
     assert 0 <= m["success_ci95"][0] <= m["success"] <= m["success_ci95"][1] <= 1
     assert RecordStore(out / "records").read(0).num_rows >= 12
+    # the same rows again, compared with the first: the gain is the difference of the successes,
+    # paired prompt by prompt
+    again = tmp_path / "again"
+    r = agent_r1_eval("--model", str(tiny_model_dir), "--recipe", "arithmetic_tool", "--num", "3", "--n", "4",
+          "--temperature", "1.0", "--max-steps", "2", "--max-action-tokens", "24", "--out", str(again),
+          "--seed", "1", "--baseline", str(out))  # fmt: skip
+    m2 = json.loads((again / "metrics.json").read_text())
+    assert m2["gain"] == pytest.approx(m2["success"] - m["success"]) and "paired bootstrap" in r.stdout
+    assert m2["gain_ci95"][0] <= m2["gain"] <= m2["gain_ci95"][1]
+    assert m2["baseline"]["path"] == str(out / "metrics.json") and len(m2["per_prompt_success"]) == 3
 
 
 def test_export_a_run_to_bfloat16_hf(tiny_model_dir, finished_run, tmp_path):

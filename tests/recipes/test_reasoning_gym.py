@@ -67,6 +67,22 @@ def test_splits_are_seeded_and_disjoint(data):
     assert len(set(train) & set(test)) <= 1 and len(set(train) & set(other)) <= 1  # 3-4 terms: a big space
 
 
+def test_worked_examples_come_before_every_question(data):
+    ex = [["Calculate 12 + 31.", "12 + 31 = 43\n<answer>43</answer>"]]
+    plain = data.build_rows("test", 3, task="basic_arithmetic", **SMALL)
+    shown = data.build_rows("test", 3, task="basic_arithmetic", examples=ex, **SMALL)
+    for a, b in zip(plain, shown, strict=True):
+        assert b.prompt == [
+            a.prompt[0],
+            {"role": "user", "content": "Calculate 12 + 31."},
+            {"role": "assistant", "content": "12 + 31 = 43\n<answer>43</answer>"},
+            a.prompt[1],
+        ]
+        assert b.reward_model == a.reward_model  # the same items, scored the same
+    with pytest.raises(ValueError, match=r"recipe.options.examples\[0\]: a \[question, answer\] pair"):
+        data.build_rows("test", 1, examples=[["only a question"]])
+
+
 def test_bad_options_are_named(data):
     with pytest.raises(ValueError, match="recipe.options.task: 'nope' is not a reasoning-gym dataset"):
         data.build_rows("train", 2, task="nope")
