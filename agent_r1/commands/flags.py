@@ -37,7 +37,12 @@ def add_policy_flags(p: argparse.ArgumentParser, many_urls: bool = False) -> Non
         "--iteration",
         type=cli_args.nonneg_int,
         default=None,
-        help="with --run: this checkpoint (0 without a warm start: the model the run started from)",
+        help="with --run: this checkpoint",
+    )
+    p.add_argument(
+        "--base",
+        action="store_true",
+        help="with --run: the model the run started from (model.path), with the run's settings",
     )
     p.add_argument(
         "--url",

@@ -76,6 +76,8 @@ def resolve_model(a: Any, export_dir: Path) -> tuple[Any, str | None, str]:
     ``export_dir``. Errors say what is wrong with which path."""
     if sum(bool(x) for x in (a.model, a.run, a.url)) != 1:
         raise UsageError("give one of --model DIR, --run RUN_DIR or --url URL")
+    if getattr(a, "base", False) and not a.run:
+        raise UsageError("--base needs --run (the run whose starting model and settings to use)")
     if a.model and not (Path(a.model) / "config.json").exists():
         raise UsageError(f"--model {a.model}: not an HF model folder (no config.json)")
     if not a.run:
@@ -86,8 +88,9 @@ def resolve_model(a: Any, export_dir: Path) -> tuple[Any, str | None, str]:
     if not (run / "config.yaml").exists():
         raise UsageError(f"--run {run}: not a run directory (no config.yaml)")
     cfg = from_yaml(run / "config.yaml")
-    if a.iteration == 0 and not (run / "checkpoints" / "iter_000000" / "agent_r1_state.json").exists():
-        # no warm start: iteration 0 is the model the run started from, with the run's settings
+    if getattr(a, "base", False):  # the model the run started from, with the run's settings
+        if a.iteration is not None:
+            raise UsageError("--base and --iteration: choose one (--base is the model before any training)")
         return cfg, cfg.model.path, cfg.model.path
     ckpt = newest_checkpoint(run, a.iteration, getattr(a, "strict", False))
     log.info("exporting %s to an HF folder", ckpt)
