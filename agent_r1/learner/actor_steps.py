@@ -35,7 +35,7 @@ class ActorSteps:
     def _rows(self, mb: Packed) -> torch.Tensor:
         """The stream positions whose output the loss reads: the logits before each action token
         (under context parallelism: those of this CP rank's rows)."""
-        return mb.label_pos - 1 if mb.cp is None else mb.cp.label_rows
+        return mb.label_rows if mb.cp is None else mb.cp.label_rows
 
     def _shard(self, micro: list[Packed]) -> list[Packed]:
         """Under context parallelism, this CP rank's share of each micro-batch."""

@@ -20,11 +20,12 @@ from megatron_bridge.config import gpt_model
 @dataclass
 class _Bucket:
     rows: torch.Tensor  # (nb * L,) stream rows gathered into the padded block (a pad repeats a real row)
-    keep: torch.Tensor | None  # (real rows,) their places in the block; None: no padding
+    keep: torch.Tensor | None  # (real rows,) their places in the block; None: every place is one
     nb: int
     L: int
     dest: torch.Tensor  # (real rows,) the stream rows of those places: rows[keep]
-    pads: torch.Tensor | None  # the block's pad places (None: no padding)
+    pads: torch.Tensor | None  # the places whose output is dropped (pads, shared prefix rows); None: none
+    shared: bool = False  # a block holds rows of another sequence's prefix (``AttentionPlan.of``'s parents)
 
 
 @dataclass
@@ -37,7 +38,12 @@ class AttentionPlan:
     its own sequence's keys (pads come after them); the pad rows' outputs are dropped, so they pass
     no gradient to anything. No explicit mask: the CPU flash kernel then skips the blocks above the
     diagonal instead of reading an (L x L) mask (the attention of a SmolLM2-shaped bf16 update:
-    1.38 -> 0.97 s)."""
+    1.38 -> 0.97 s).
+
+    A sequence with a parent (a shared prefix: ``Packed.parents``) is a branch: its block holds the
+    parent's rows, then its own, so its rows attend to the prefix as if it were their own; the
+    prefix rows' outputs there are dropped (their own sequence computes them once), while their
+    keys and values collect the gradient of every branch that reads them."""
 
     buckets: list[_Bucket]
     cp: Any = None  # context parallelism: keys and values all-gathered over the CP ranks
@@ -45,10 +51,20 @@ class AttentionPlan:
     fused: bool = False  # a plan of a GPU's fused attention (``Backend.fused_plan``): no buckets, no masks
 
     @classmethod
-    def of(cls, bounds: list[tuple[int, int]], device: torch.device, fill: float = 0.8) -> AttentionPlan:
-        """Buckets from the longest sequence down, each at least ``fill`` real rows."""
+    def of(
+        cls,
+        bounds: list[tuple[int, int]],
+        device: torch.device,
+        fill: float = 0.8,
+        parents: list[tuple[int, int]] | None = None,
+    ) -> AttentionPlan:
+        """Buckets from the longest sequence down, each at least ``fill`` real rows. ``parents``:
+        per sequence the (start, length) of the prefix it continues ((0, 0): none)."""
         starts = np.array([a for a, _ in bounds], dtype=np.int64)
-        lengths = np.array([e - a for a, e in bounds], dtype=np.int64)
+        own = np.array([e - a for a, e in bounds], dtype=np.int64)
+        p_start = np.array([a for a, _ in parents], dtype=np.int64) if parents else np.zeros_like(own)
+        p_len = np.array([n for _, n in parents], dtype=np.int64) if parents else np.zeros_like(own)
+        lengths = p_len + own
         order = np.argsort(-lengths, kind="stable")
         buckets, i = [], 0
         while i < len(order):
@@ -58,15 +74,24 @@ class AttentionPlan:
                 total += int(lengths[order[j]])
                 j += 1
             members = order[i:j]
-            pos = np.arange(L)
-            valid = pos[None, :] < lengths[members][:, None]  # (nb, L)
-            rows = np.where(valid, starts[members][:, None] + pos[None, :], starts[members][:, None]).ravel()
+            pos = np.arange(L)[None, :]
+            plen, ps, a = p_len[members][:, None], p_start[members][:, None], starts[members][:, None]
+            in_parent = pos < plen
+            valid = ~in_parent & (pos < lengths[members][:, None])  # (nb, L): the sequence's own rows
+            first = np.where(plen > 0, ps, a)
+            rows = np.where(in_parent, ps + pos, np.where(valid, a + pos - plen, first)).ravel()
             keep, pads = np.flatnonzero(valid.ravel()), np.flatnonzero(~valid.ravel())
             t = lambda x: torch.from_numpy(x).to(device)  # noqa: E731
             padded = len(pads) > 0
             buckets.append(
                 _Bucket(
-                    t(rows), t(keep) if padded else None, j - i, L, t(rows[keep]), t(pads) if padded else None
+                    t(rows),
+                    t(keep) if padded else None,
+                    j - i,
+                    L,
+                    t(rows[keep]),
+                    t(pads) if padded else None,
+                    shared=bool((plen > 0).any()),
                 )
             )
             i = j
@@ -163,7 +188,9 @@ class _BucketRows(torch.autograd.Function):
     """x (N, ...) -> each bucket's padded block x[rows] (nb * L, ...). The backward writes each real
     row's gradient from its one place in its block, pads dropped (their gradient is zero:
     ``AttentionPlan``): one pass, instead of a zero-filled N-row tensor, a scatter-add and a sum
-    per bucket (``index_select``'s backward, which allows for repeated rows)."""
+    per bucket (``index_select``'s backward, which allows for repeated rows). A shared prefix's
+    rows in a branch's block then add their gradient (a key's and a value's: what the branch's rows
+    read of them) to the same rows."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, buckets: list[_Bucket]) -> tuple[torch.Tensor, ...]:
@@ -176,6 +203,9 @@ class _BucketRows(torch.autograd.Function):
         dx = grads[0].new_empty(ctx.shape) if covered else grads[0].new_zeros(ctx.shape)
         for bk, g in zip(ctx.buckets, grads, strict=True):
             dx.index_copy_(0, bk.dest, g if bk.keep is None else g.index_select(0, bk.keep))
+        for bk, g in zip(ctx.buckets, grads, strict=True):  # a shared prefix's rows: every branch adds
+            if bk.shared:
+                dx.index_add_(0, bk.rows[bk.pads], g.index_select(0, bk.pads))
         return dx, None
 
 

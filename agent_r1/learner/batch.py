@@ -235,6 +235,7 @@ class LearnerBatch:
         cache: bool = True,
         pad_to: int = 1,
         count: int | None = None,
+        share_prefix: int = 0,
     ) -> list[Packed]:
         """The given trajectories (all when None) as packed micro-batches of at most ``max_tokens``
         tokens (first-fit decreasing in the given order; a longer trajectory gets one of its
@@ -242,28 +243,90 @@ class LearnerBatch:
         reference, value and policy passes over one selection share it). ``pad_to``: each
         micro-batch's stream is padded to a multiple of it (FP8 GEMMs need 16) by one padding
         sequence of its own: attended by nothing real, no label, no value, in no denominator.
-        ``count``: more micro-batches than the budget needs, exactly that many (balanced)."""
+        ``count``: more micro-batches than the budget needs, exactly that many (balanced).
+        ``share_prefix`` > 0: a trajectory whose first observation starts with at least that many
+        tokens of an earlier member's (its group's prompt; a shared system prompt) shares those
+        rows instead of repeating them (``_share``); a group's trajectories are binned together."""
         if pad_to < 1:
             raise ValueError(f"pad_to must be >= 1, got {pad_to}")
         sel = np.arange(self.num_trajectories) if trajectories is None else np.asarray(trajectories, np.int64)
-        key = (sel.tobytes(), max_tokens, pad_to, count)
+        key = (sel.tobytes(), max_tokens, pad_to, count, share_prefix)
         if key in self._plans:
             return self._plans[key]
-        lengths = np.diff(self.traj_tokens)[sel].tolist()
+        units = (
+            self._units(sel, max_tokens) if share_prefix and self.seq_images is None else [[i] for i in sel]
+        )
+        lengths = [self._unit_tokens(u, share_prefix) for u in units]
         bins = first_fit_decreasing(lengths, max_tokens)
         if count is not None and count > len(bins):
             bins = balanced_bins(lengths, count)
-        plan = [self._gather(np.sort(sel[b]), pad_to) for b in bins]
+        members = [np.sort(np.concatenate([units[k] for k in b]).astype(np.int64)) for b in bins]
+        plan = [self._gather(m, pad_to, share_prefix if self.seq_images is None else 0) for m in members]
         if cache:
             self._plans[key] = plan
         return plan
 
-    def _gather(self, members: np.ndarray, pad_to: int = 1) -> Packed:
-        """One micro-batch: the member trajectories' stream segments back to back (then padding)."""
+    def _prompt(self, t: int) -> np.ndarray:
+        """Trajectory ``t``'s first observation (the stream rows before its first action token)."""
+        a = int(self.traj_tokens[t])
+        return self.stream_tokens[a : int(self.value_pos[self.traj_steps[t]]) + 1]
+
+    def _units(self, sel: np.ndarray, max_tokens: int) -> list[list[int]]:
+        """The selection as binning units: each group's trajectories together (they share its
+        prompt), split where a unit would outgrow ``max_tokens``."""
+        gid = self.table.column("group_id").to_numpy(zero_copy_only=False)[self.traj_steps[sel]]
+        units: dict[str, list[list[int]]] = {}
+        for t, g in zip(sel.tolist(), gid.tolist(), strict=True):
+            chunks = units.setdefault(g, [[]])
+            if chunks[-1] and self._unit_tokens(chunks[-1] + [t], 1) > max_tokens:
+                chunks.append([])
+            chunks[-1].append(t)
+        return [c for chunks in units.values() for c in chunks]
+
+    def _unit_tokens(self, unit: list[int], share_prefix: int) -> int:
+        """A unit's stream tokens once its members share their first member's prompt."""
+        lens = np.diff(self.traj_tokens)[unit]
+        if not share_prefix or len(unit) == 1:
+            return int(lens.sum())
+        p = self._prompt(unit[0])
+        return int(lens.sum()) - sum(_common(p, self._prompt(t)) for t in unit[1:])
+
+    def _share(self, members: np.ndarray, share_prefix: int) -> tuple[np.ndarray, np.ndarray]:
+        """For each member, the earlier member (a root: one that shares nothing) whose first
+        observation it continues, and how many rows it shares (-1 and 0: none, it is a root). The
+        longest common prefix with any root, if at least ``share_prefix`` tokens."""
+        root = np.full(len(members), -1, dtype=np.int64)
+        shared = np.zeros(len(members), dtype=np.int64)
+        roots: list[tuple[int, np.ndarray]] = []
+        exact: dict[bytes, int] = {}
+        for k, t in enumerate(members.tolist()):
+            p = self._prompt(t)
+            hit = exact.get(p.tobytes())
+            best = (len(p), hit) if hit is not None else (0, -1)
+            if hit is None:
+                for r, rp in roots:
+                    c = _common(p, rp)
+                    if c > best[0]:
+                        best = (c, r)
+            if best[0] >= share_prefix and best[1] >= 0:
+                root[k], shared[k] = best[1], best[0]
+            else:
+                roots.append((k, p))
+                exact.setdefault(p.tobytes(), k)
+        return root, shared
+
+    def _gather(self, members: np.ndarray, pad_to: int = 1, share_prefix: int = 0) -> Packed:
+        """One micro-batch: the member trajectories' stream segments back to back (then padding);
+        with ``share_prefix`` a member that shares a root's first rows leaves them out, and its
+        first sequence continues the root's (``Packed.parents``)."""
         t0, t1 = self.traj_tokens[members], self.traj_tokens[members + 1]
-        lens = t1 - t0
-        tok_idx = ranges(t0, lens)
-        shift = _exclusive_cumsum(lens)[:-1] - t0  # stream index -> micro-batch index
+        root, cut = (
+            self._share(members, share_prefix) if share_prefix else (None, np.zeros(len(members), np.int64))
+        )
+        lens = t1 - t0 - cut
+        tok_idx = ranges(t0 + cut, lens)
+        mb_start = _exclusive_cumsum(lens)[:-1]
+        shift = mb_start - t0 - cut  # stream index -> micro-batch index (of a member's own rows)
         steps = self.steps_of(members)
         n_steps = np.diff(self.traj_steps)[members]
         acts = self.tokens_of(members)
@@ -277,11 +340,19 @@ class LearnerBatch:
         last = np.searchsorted(self.seq_starts, t1)
         seqs = ranges(first, last - first)
         seq_lens = np.diff(self.seq_starts)[seqs]
+        parents = None
+        if root is not None and cut.any():  # a sharing member's first sequence: a branch of its root's
+            firsts = _exclusive_cumsum(last - first)[:-1]
+            seq_lens[firsts] -= cut
+            parents = [(0, 0)] * len(seqs)
+            for k in np.flatnonzero(cut).tolist():
+                parents[int(firsts[k])] = (int(mb_start[root[k]]), int(cut[k]))
         cu = _exclusive_cumsum(seq_lens)
         tokens = self.stream_tokens[tok_idx]
         pad = -len(tokens) % pad_to
         if pad:  # one more sequence, of padding: its own segment, positions from 0
             seq_lens = np.append(seq_lens, pad)
+            parents = None if parents is None else [*parents, (0, 0)]
             cu = _exclusive_cumsum(seq_lens)
             tokens = np.concatenate([tokens, np.full(pad, PAD_TOKEN, tokens.dtype)])
             fill = np.broadcast_to(np.arange(pad, dtype=positions.dtype), (*positions.shape[:-1], pad))
@@ -298,7 +369,10 @@ class LearnerBatch:
             image_pos = dev(np.flatnonzero(self.stream_is_image[tok_idx])) if images else None
         act_index = dev(acts)
         label_pos = self.label_pos[acts] + np.repeat(shift, n_acts)
-        value_pos = self.value_pos[steps] + np.repeat(shift, n_steps)
+        value_pos = self._rows_in(self.value_pos[steps], members, n_steps, root, cut, mb_start, shift)
+        pred_pos = None
+        if parents is not None:  # a row a member left out is its root's row at the same place
+            pred_pos = self._rows_in(self.label_pos[acts] - 1, members, n_acts, root, cut, mb_start, shift)
         packed = Packed(
             tokens=dev(tokens),
             positions=dev(positions),
@@ -315,6 +389,8 @@ class LearnerBatch:
             trajectories=members,
             images=images,
             image_pos=image_pos,
+            parents=parents,
+            pred_pos=None if pred_pos is None else dev(pred_pos),
         )
         # the host arrays a context-parallel split reads (no device round trip; a dry run's
         # device tensors hold no values)
@@ -325,6 +401,24 @@ class LearnerBatch:
             "value_pos": value_pos,
         }
         return packed
+
+    def _rows_in(self, pos, members, counts, root, cut, mb_start, shift) -> np.ndarray:
+        """Stream rows of the members (``counts`` of each, in member order) -> micro-batch rows; a
+        row inside a member's shared prefix is its root's row at the same offset."""
+        own = pos + np.repeat(shift, counts)
+        if root is None or not cut.any():
+            return own
+        off = pos - np.repeat(self.traj_tokens[members], counts)
+        k_cut = np.repeat(cut, counts)
+        k_root_start = np.repeat(mb_start[np.maximum(root, 0)], counts)
+        return np.where(off < k_cut, k_root_start + off, own)
+
+
+def _common(a: np.ndarray, b: np.ndarray) -> int:
+    """The length of the common prefix of two token arrays."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
 
 
 PAD_TOKEN = 0  # the id a padding sequence holds: never a label, so any id in the vocabulary does

@@ -136,6 +136,11 @@ def _forward(model: Any, packed: Packed, vision: Any = None, fused_plan: bool = 
             "multimodal (mRoPE) positions run on the local layer spec; the Transformer Engine spec "
             "applies its own 1-D rotary per packed sequence"
         )
+    if _uses_te(model) and packed.parents is not None:
+        raise NotImplementedError(
+            "shared prefixes (optim.share_prefix) run on the local layer spec: Transformer Engine's "
+            "packed attention has no branches"
+        )
     if _uses_te(model):
         from megatron.core.packed_seq_params import PackedSeqParams
 
@@ -179,7 +184,7 @@ def _forward(model: Any, packed: Packed, vision: Any = None, fused_plan: bool = 
             elif packed.cp is not None:  # every CP rank's keys, masked by place in the sequence
                 plan = AttentionPlan([], packed.cp, context_parallel.attention_mask(packed.cp))
             else:
-                plan = AttentionPlan.of(packed.bounds, packed.tokens.device)
+                plan = AttentionPlan.of(packed.bounds, packed.tokens.device, parents=packed.parents)
             packed.cache["attention"] = plan
         attention["plan"] = packed.cache["attention"]
     try:

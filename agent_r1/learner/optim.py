@@ -26,12 +26,18 @@ class OptimConfig:
     # GEMMs need dimensions divisible by 16), else none
     pad_multiple: int = 0
     distributed_optimizer: bool = True
+    # a trajectory whose first observation starts with at least this many tokens of another's in
+    # its micro-batch (its group's prompt, a shared system prompt) shares those rows instead of
+    # repeating them: fewer tokens through every layer (the local layer spec; 0 = off)
+    share_prefix: int = 0
 
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise ValueError(f"optim.lr must be > 0 and 0 <= min_lr <= lr, got {self.lr}, {self.min_lr}")
         if self.micro_tokens < 1:
             raise ValueError(f"optim.micro_tokens must be >= 1, got {self.micro_tokens}")
+        if self.share_prefix < 0:
+            raise ValueError(f"optim.share_prefix must be >= 0 (0 = off), got {self.share_prefix}")
         if self.pad_multiple < 0:
             raise ValueError(f"optim.pad_multiple must be >= 0 (0 = automatic), got {self.pad_multiple}")
 

@@ -36,17 +36,34 @@ class Packed:
     image_pos: torch.Tensor | None = None  # (pads,) stream positions of the image pad tokens
     # context parallelism: this CP rank's share of a micro-batch (``context_parallel.shard``)
     cp: Any = None
+    # shared prefixes (``LearnerBatch.micro_batches(share_prefix=...)``): per sequence the (start,
+    # length) of the prefix rows it continues, (0, 0) for none; None: no sequence shares
+    parents: list[tuple[int, int]] | None = None
+    pred_pos: torch.Tensor | None = (
+        None  # (A,) the row whose logits predict each action token (None: label_pos - 1)
+    )
+
+    @property
+    def label_rows(self) -> torch.Tensor:
+        """(A,) the rows whose logits predict the action tokens: the row before each one, or for a
+        branch's first token the last row of the prefix it shares."""
+        return self.label_pos - 1 if self.pred_pos is None else self.pred_pos
 
     @property
     def num_tokens(self) -> int:
         return int(self.tokens.numel())
 
     def attention_mask(self) -> torch.Tensor:
-        """(1, 1, N, N) bool, True = masked (Megatron's convention): block-diagonal causal."""
+        """(1, 1, N, N) bool, True = masked (Megatron's convention): block-diagonal causal, and a
+        branch's rows see the prefix rows it shares."""
         n = self.num_tokens
         same = self.seq_id.view(n, 1) == self.seq_id.view(1, n)
         causal = torch.ones(n, n, dtype=torch.bool, device=self.tokens.device).tril()
-        return ~(same & causal).view(1, 1, n, n)
+        allowed = same & causal
+        for (a, e), (ps, pl) in zip(self.bounds, self.parents or [], strict=False):
+            if pl:
+                allowed[a:e, ps : ps + pl] = True
+        return ~allowed.view(1, 1, n, n)
 
 
 def balanced_bins(lengths: list[int], count: int) -> list[list[int]]:

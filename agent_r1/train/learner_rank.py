@@ -161,7 +161,10 @@ class Learner(LearnerState):
         multiple of pp of them (the interleaved schedule runs them in groups of pp)."""
         par = self.cfg.parallel
         pad_to = pad_multiple(self.cfg.optim, self.cfg.model.precision, par.tp if par.sp else 1)
-        micro = b.micro_batches(trajectories, self.cfg.optim.micro_tokens, cache=cache, pad_to=pad_to)
+        share = self.cfg.optim.share_prefix
+        micro = b.micro_batches(
+            trajectories, self.cfg.optim.micro_tokens, cache=cache, pad_to=pad_to, share_prefix=share
+        )
         count = len(micro)
         if par.ep > 1:
             count = int(self.backend.all_reduce_scalar(count, "max", group=self.dp_group, dtype=torch.int64))
@@ -177,7 +180,12 @@ class Learner(LearnerState):
                 "raise rollout.batch_size (or lower algorithm.mini_batches)"
             )
         return b.micro_batches(
-            trajectories, self.cfg.optim.micro_tokens, cache=cache, pad_to=pad_to, count=count
+            trajectories,
+            self.cfg.optim.micro_tokens,
+            cache=cache,
+            pad_to=pad_to,
+            count=count,
+            share_prefix=share,
         )
 
     def _plan(self, n: int, iteration: int) -> list[np.ndarray]:
