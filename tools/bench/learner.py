@@ -13,11 +13,15 @@
    frozen list path of ``tests/learner/list_path.py``. Each path runs in its own process, so its
    peak RSS is its own; the paths take turns, one timed update each per round (``--repeat``
    rounds, the best kept), so a slow spell of a shared machine falls on all of them alike.
-2. ``merge``: training 5-step append-mode trajectories as prefix-merged packed sequences against the
+2. ``share``: the same update with shared prefixes (``optim.share_prefix=16``: a group's
+   trajectories share their prompt's rows) against itself without, at the SmolLM2 GRPO preset's
+   shape (``smollm2_grpo``: 4 groups of 8 one-step episodes, ~190-token prompts, 12-28-token
+   answers) and at the quickstart's.
+3. ``merge``: training 5-step append-mode trajectories as prefix-merged packed sequences against the
    per-step padded rows Agent-R1 and verl use (one row per step, each re-prefilling its whole
    observation); same Megatron-Core model, same loss; plus the merged step at TP2.
 
-    python tools/bench/learner.py [--only update|merge] [--sizes quickstart,smollm2] [--repeat 2]
+    python tools/bench/learner.py [--only update|share|merge] [--sizes quickstart,smollm2] [--repeat 2]
 """
 
 from __future__ import annotations
@@ -52,6 +56,20 @@ SIZES = {
             feedback_len=(8, 32),
         ),  # fmt: skip
         micro_tokens=4096,
+    ),
+    # the SmolLM2 GRPO preset's shape (smollm2_arithmetic_grpo): one step, a ~190-token prompt
+    # (system prompt, worked example, question) shared by the 8 samples of a group, short answers
+    "smollm2_grpo": dict(
+        model=dict(arch="llama", vocab=49152, hidden=576, layers=30, heads=9, kv_heads=3, ffn=1536),
+        records=dict(
+            trajectories=32,
+            group_size=8,
+            max_steps=1,
+            prompt_len=(180, 200),
+            action_len=(12, 28),
+            feedback_len=(8, 32),
+        ),  # fmt: skip
+        micro_tokens=2048,
     ),
     "smollm2": dict(
         model=dict(arch="llama", vocab=49152, hidden=576, layers=30, heads=9, kv_heads=3, ffn=1536),
@@ -276,6 +294,31 @@ def bench_update(a: argparse.Namespace) -> None:
         )
 
 
+def bench_share(a: argparse.Namespace) -> None:
+    """Per size: ``Learner.update`` with ``optim.share_prefix=16`` against itself without, one
+    timed update each in turn (``_interleaved``); the same loss within float32 summation order."""
+    tmp = Path(tempfile.mkdtemp())
+    common = [f"--repeat={a.repeat}", f"--threads={a.threads}", *[f"--override={o}" for o in a.overrides]]
+    for size in ("smollm2_grpo", "quickstart"):
+        model = str(build_model(tmp / size, SIZES[size]["model"]))
+        shared, plain = _interleaved(
+            [
+                _Worker(["--update-worker", "batch", size, model, *common, "--override=optim.share_prefix=16"],
+                        os.environ, f"shared at {size}"),
+                _Worker(["--update-worker", "batch", size, model, *common], os.environ, f"plain at {size}"),
+            ],
+            a.repeat,
+        )  # fmt: skip
+        print(
+            f"{size}: update {shared['seconds']:.3f} s shared vs {plain['seconds']:.3f} s plain; "
+            f"loss/pg {shared['loss']:.6f} vs {plain['loss']:.6f}"
+        )
+        print(
+            f"BENCH learner_shared_prefix_{size} seconds={shared['seconds']:.3f} baseline=unshared "
+            f"ratio={plain['seconds'] / shared['seconds']:.2f}"
+        )
+
+
 def hf_worker(a: argparse.Namespace) -> None:
     """The peer: a plain HF/TRL-style update on the same records -- one right-padded row per
     trajectory (its merged stream: prompt, actions and feedback), logits at every position, the
@@ -466,7 +509,7 @@ def tp2_worker(a) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", choices=("update", "merge"), help="run one benchmark (default: both)")
+    ap.add_argument("--only", choices=("update", "share", "merge"), help="run one benchmark (default: all)")
     ap.add_argument("--sizes", default="quickstart,smollm2", help="update benchmark sizes")
     ap.add_argument(
         "--baseline",
@@ -499,6 +542,8 @@ def main() -> None:
         return hf_worker(a)
     if a.only in (None, "update"):
         bench_update(a)
+    if a.only in (None, "share"):
+        bench_share(a)
     if a.only in (None, "merge"):
         bench_merge(a)
 
