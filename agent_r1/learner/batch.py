@@ -259,6 +259,9 @@ class LearnerBatch:
         lengths = [self._unit_tokens(u, share_prefix) for u in units]
         bins = first_fit_decreasing(lengths, max_tokens)
         if count is not None and count > len(bins):
+            if count > len(units):  # more micro-batches than groups: trajectories binned one by one
+                units = [[i] for i in sel]
+                lengths = [self._unit_tokens(u, share_prefix) for u in units]
             bins = balanced_bins(lengths, count)
         members = [np.sort(np.concatenate([units[k] for k in b]).astype(np.int64)) for b in bins]
         plan = [self._gather(m, pad_to, share_prefix if self.seq_images is None else 0) for m in members]

@@ -70,3 +70,26 @@ def test_branch_attention_equals_the_written_out_mask():
     for a, b in zip(g_got, g_want, strict=True):
         assert torch.allclose(a, b, atol=1e-12)
     assert allowed[10, 5] and not allowed[10, 6] and allowed[12, 11] and not allowed[19, 10]
+
+
+def test_packing_keeps_every_row_once_and_every_label_in_place():
+    """Host-side: each follower's left-out rows are its root's (same tokens, same positions), its
+    labels and value rows point where the plain packing's do, and asking for more micro-batches
+    than there are groups still gives that many."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from megatron_shared_prefix_worker import records
+
+    from agent_r1.learner.batch import LearnerBatch
+    from agent_r1.records.schema import records_to_table
+
+    batch = LearnerBatch.from_table(records_to_table(records(500)))
+    (plain,) = batch.micro_batches(None, 10_000)
+    (shared,) = batch.micro_batches(None, 10_000, share_prefix=8)
+    assert torch.equal(shared.tokens[shared.label_pos], plain.tokens[plain.label_pos])
+    assert torch.equal(shared.tokens[shared.label_rows], plain.tokens[plain.label_rows])
+    assert torch.equal(shared.positions[shared.label_rows], plain.positions[plain.label_rows])
+    assert torch.equal(shared.tokens[shared.step_value_pos], plain.tokens[plain.step_value_pos])
+    assert shared.num_tokens < plain.num_tokens
+    assert len(batch.micro_batches(None, 10_000, share_prefix=8, count=5)) == 5  # 3 groups, 12 trajectories
