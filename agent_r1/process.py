@@ -1,9 +1,19 @@
-"""Child processes that do not outlive their parent."""
+"""Child processes that do not outlive their parent, and the ports they are told to listen on."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago, for a process that must be *told* where to listen (a
+    server started as a child). Another process can take it before that one binds it: whatever
+    listens in this process binds port 0 itself instead (the learners' ``TCPStore``)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def die_with_parent():

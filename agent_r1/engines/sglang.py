@@ -9,7 +9,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent_r1.engines.upstream import UpstreamServer, free_port
+from agent_r1.engines.upstream import UpstreamServer
+from agent_r1.process import free_port
 
 
 @dataclass

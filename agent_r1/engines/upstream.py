@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -18,12 +17,6 @@ from agent_r1.http_service import write_ready
 from agent_r1.process import die_with_parent, wait_or_stop
 
 log = logging.getLogger("agent_r1.upstream")
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @dataclass(frozen=True)

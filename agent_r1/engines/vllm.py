@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from agent_r1.cpus import usable_cpus
-from agent_r1.engines.upstream import UpstreamServer, free_port
+from agent_r1.engines.upstream import UpstreamServer
+from agent_r1.process import free_port
 from agent_r1.rollout.protocol import Completion, FinishReason
 from agent_r1.rollout.server_api import REASONS, Request, ServerAPI
 from agent_r1.weights.update_group import GLOO_BACKEND

@@ -65,25 +65,30 @@ def detect() -> RoleEnv:
     return RoleEnv(0, 1, 0, "none", node_address(), launch_id())
 
 
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def rendezvous(rd: RunDir, env: RoleEnv, timeout_s: float) -> Any:
+    """The learner ranks' ``TCPStore`` for this launch. Rank 0 hosts it on a port the kernel picks
+    as it binds (no window in which another process can take a port chosen earlier) and publishes
+    where; the other ranks wait for the file and connect."""
+    import datetime
 
+    import torch.distributed as dist
 
-def rendezvous(rd: RunDir, env: RoleEnv, timeout_s: float) -> str:
-    """``tcp://addr:port`` of learner rank 0 for this launch (rank 0 publishes it)."""
     path = rd.control / "learner_master.json"
+    timeout = datetime.timedelta(seconds=timeout_s)
     if env.rank == 0:
-        port = free_port(env.address)
-        atomic_write_json(path, {"address": env.address, "port": port, "launch_id": env.launch_id})
-        return f"tcp://{env.address}:{port}"
+        store = dist.TCPStore(
+            env.address, 0, env.world, is_master=True, timeout=timeout, wait_for_workers=False
+        )
+        atomic_write_json(path, {"address": env.address, "port": store.port, "launch_id": env.launch_id})
+        return store
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if path.exists():
             m = read_json(path)
             if m.get("launch_id") == env.launch_id:
-                return f"tcp://{m['address']}:{m['port']}"
+                return dist.TCPStore(
+                    m["address"], int(m["port"]), env.world, is_master=False, timeout=timeout
+                )
         time.sleep(0.1)
     raise RoleTimeout(
         f"learner rank {env.rank}: rank 0 did not publish {path} for launch {env.launch_id} within {timeout_s:.0f} s"
@@ -367,10 +372,9 @@ def _learner(cfg: Any, rd: RunDir, env: RoleEnv) -> int:
         from agent_r1.train.run_dir import RunLock
 
         lock = RunLock(rd).acquire(f"learner rank 0 of {env.launch_id}")
-    url = rendezvous(rd, env, cfg.trainer.timeout_s)
     dist.init_process_group(
         cfg.parallel.backend,
-        init_method=url,
+        store=rendezvous(rd, env, cfg.trainer.timeout_s),
         rank=env.rank,
         world_size=env.world,
         timeout=datetime.timedelta(seconds=cfg.trainer.timeout_s),

@@ -11,22 +11,15 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from agent_r1.http_service import http_request, write_ready
-from agent_r1.process import die_with_parent, wait_or_stop
+from agent_r1.process import die_with_parent, free_port, wait_or_stop
 
 log = logging.getLogger("agent_r1.router")
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def router_command(
@@ -37,7 +30,7 @@ def router_command(
         "--host", host, "--port", str(port),
         "--policy", policy,
         "--log-level", "warn",
-        "--prometheus-host", host, "--prometheus-port", str(_free_port(host)),
+        "--prometheus-host", host, "--prometheus-port", str(free_port(host)),
     ]  # fmt: skip
     if api_key:  # what the router sends to the workers, which require it
         cmd.append(f"--api-key={api_key}")  # one token: a key may start with "-" (token_urlsafe)
@@ -54,7 +47,7 @@ def run_router(
     stop_when=None,
 ) -> int:
     """Start the router (its output in ``log_file``), publish ``{"url"}`` once it answers, wait."""
-    port = _free_port(host)
+    port = free_port(host)
     with log_file.open("ab") as out:
         proc = subprocess.Popen(
             router_command(host, port, policy, api_key),

@@ -108,11 +108,8 @@ def _init_distributed(world: int) -> None:
         return
     if "RANK" in os.environ:  # torchrun
         dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=30))
-    elif world == 1:
-        from agent_r1.weights.transport import free_port
-
-        url = f"tcp://127.0.0.1:{free_port()}"
-        dist.init_process_group("gloo", init_method=url, rank=0, world_size=1)
+    elif world == 1:  # one process: an in-memory store, no port
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     else:
         raise ReplayError(
             f"the run has {world} learner ranks: replay it under torchrun --nproc-per-node {world}"

@@ -30,9 +30,10 @@ from typing import Any
 import aiohttp
 import torch
 
+from agent_r1.process import free_port
 from agent_r1.rollout.client import RolloutClient
 from agent_r1.weights.buckets import DTYPE_NAMES, buckets, flatten, serialize_named_tensors
-from agent_r1.weights.transport import PushedServers, WeightSyncError, free_port, release
+from agent_r1.weights.transport import PushedServers, WeightSyncError, release
 from agent_r1.weights.update_group import join_update_group, leave_update_group
 
 # The SGLang releases whose weight-update protocol this module speaks (checked by the contract

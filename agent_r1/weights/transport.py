@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 from collections.abc import Iterable
 
 import torch
@@ -24,12 +23,6 @@ from agent_r1.rollout.client import RolloutClient
 
 class WeightSyncError(AgentR1Error, RuntimeError):
     """A weight push failed on at least one server (named in the message)."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def release(text: str) -> tuple[int, ...] | None:

@@ -23,9 +23,10 @@ from typing import Any
 import aiohttp
 import torch
 
+from agent_r1.process import free_port
 from agent_r1.rollout.client import RolloutClient
 from agent_r1.weights.buckets import DTYPE_NAMES, buckets, flatten
-from agent_r1.weights.transport import PushedServers, WeightSyncError, free_port, release
+from agent_r1.weights.transport import PushedServers, WeightSyncError, release
 from agent_r1.weights.update_group import GLOO_BACKEND, join_update_group, leave_update_group
 
 # the vLLM releases whose API this module speaks (the routes, bodies and the plugin's base class

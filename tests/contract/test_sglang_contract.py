@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from agent_r1.engines.sglang import sglang_command
+from agent_r1.process import free_port
 from agent_r1.rollout.client import RolloutClient
 from agent_r1.rollout.protocol import SamplingParams
 from agent_r1.train.config import load_config
@@ -34,7 +35,6 @@ from agent_r1.weights.sglang import (
     WeightUpdateGroup,
     bucket_body,
 )
-from agent_r1.weights.transport import free_port
 from agent_r1.weights.update_group import join_update_group, leave_update_group
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -24,10 +24,11 @@ import pytest
 import torch
 
 from agent_r1.engines.vllm import VLLMConfig, check_cpu_model, vllm_command, vllm_env
+from agent_r1.process import free_port
 from agent_r1.rollout.client import RolloutClient, server_versions
 from agent_r1.rollout.protocol import FinishReason, SamplingParams
 from agent_r1.rollout.server_api import server_api
-from agent_r1.weights.transport import WeightSyncError, free_port
+from agent_r1.weights.transport import WeightSyncError
 from agent_r1.weights.vllm import GlooTransport, NCCLTransport, VLLMWeightPush, update_info
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from agent_r1.process import free_port
 
 
 def http(method: str, url: str, body: object | None = None, timeout: float = 30) -> tuple[int, object]:
@@ -27,12 +28,6 @@ def http(method: str, url: str, body: object | None = None, timeout: float = 30)
         return status, json.loads(raw) if raw else None
     except json.JSONDecodeError:
         return status, raw
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProc:

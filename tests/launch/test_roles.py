@@ -61,3 +61,38 @@ def test_every_role_name_is_reserved_from_helper_models():
     assert {s.name for s in ROLES} <= set(RESERVED)
     with pytest.raises(ValueError, match="unknown role 'nope' in this run: env_server, retriever"):
         role_spec(_cfg(), "nope")
+
+
+def test_learner_rank_0_hosts_the_store_on_the_port_it_bound_and_the_others_reach_it(tmp_path):
+    """The learners' rendezvous never picks a port and binds it later (another process could take it
+    in between, as a busy machine's outgoing connections did): rank 0's store binds port 0 and
+    publishes the port it got; rank 1, started first, waits for the file and connects."""
+    import json
+    import threading
+
+    from agent_r1.launch.roles import RoleEnv, rendezvous
+
+    rd = RunDir.at(tmp_path / "run").create()
+    env = {r: RoleEnv(r, 2, r, "AGENT_R1_RANK", "127.0.0.1", "launch-a") for r in (0, 1)}
+    got = {}
+    waiter = threading.Thread(target=lambda: got.update(one=rendezvous(rd, env[1], 60)))
+    waiter.start()
+    master = rendezvous(rd, env[0], 60)
+    waiter.join(60)
+    published = json.loads((rd.control / "learner_master.json").read_text())
+    assert published == {"address": "127.0.0.1", "port": master.port, "launch_id": "launch-a"}
+    got["one"].set("from rank 1", "hello")
+    assert master.get("from rank 1") == b"hello"
+
+
+def test_a_learner_rank_waits_only_for_its_own_launchs_master(tmp_path):
+    from agent_r1.errors import RoleTimeout
+    from agent_r1.launch.roles import RoleEnv, rendezvous
+    from agent_r1.train.run_dir import atomic_write_json
+
+    rd = RunDir.at(tmp_path / "run").create()
+    atomic_write_json(
+        rd.control / "learner_master.json", {"address": "127.0.0.1", "port": 1, "launch_id": "old"}
+    )
+    with pytest.raises(RoleTimeout, match="did not publish .* for launch new"):
+        rendezvous(rd, RoleEnv(1, 2, 1, "AGENT_R1_RANK", "127.0.0.1", "new"), 0.3)

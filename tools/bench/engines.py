@@ -43,8 +43,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from agent_r1.cpus import bf16_units, serving_dtype  # noqa: E402
-from agent_r1.engines.upstream import free_port  # noqa: E402
 from agent_r1.engines.vllm import VLLMConfig, vllm_command, vllm_env, vllm_python  # noqa: E402
+from agent_r1.process import free_port  # noqa: E402
 
 
 class Server:
