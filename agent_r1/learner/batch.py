@@ -253,15 +253,14 @@ class LearnerBatch:
         key = (sel.tobytes(), max_tokens, pad_to, count, share_prefix)
         if key in self._plans:
             return self._plans[key]
-        units = (
-            self._units(sel, max_tokens) if share_prefix and self.seq_images is None else [[i] for i in sel]
-        )
-        lengths = [self._unit_tokens(u, share_prefix) for u in units]
+        lens = np.diff(self.traj_tokens)
+        units, lengths = [[i] for i in sel.tolist()], lens[sel].tolist()
+        if share_prefix and self.seq_images is None:
+            units, lengths = self._units(sel, max_tokens)
         bins = first_fit_decreasing(lengths, max_tokens)
         if count is not None and count > len(bins):
             if count > len(units):  # more micro-batches than groups: trajectories binned one by one
-                units = [[i] for i in sel]
-                lengths = [self._unit_tokens(u, share_prefix) for u in units]
+                units, lengths = [[i] for i in sel.tolist()], lens[sel].tolist()
             bins = balanced_bins(lengths, count)
         members = [np.sort(np.concatenate([units[k] for k in b]).astype(np.int64)) for b in bins]
         plan = [self._gather(m, pad_to, share_prefix if self.seq_images is None else 0) for m in members]
@@ -274,25 +273,24 @@ class LearnerBatch:
         a = int(self.traj_tokens[t])
         return self.stream_tokens[a : int(self.value_pos[self.traj_steps[t]]) + 1]
 
-    def _units(self, sel: np.ndarray, max_tokens: int) -> list[list[int]]:
-        """The selection as binning units: each group's trajectories together (they share its
-        prompt), split where a unit would outgrow ``max_tokens``."""
+    def _units(self, sel: np.ndarray, max_tokens: int) -> tuple[list[list[int]], list[int]]:
+        """The selection as binning units and their stream tokens: each group's trajectories
+        together (they share its prompt: a member adds what it does not share with the unit's
+        first one), split where a unit would outgrow ``max_tokens``."""
         gid = self.table.column("group_id").to_numpy(zero_copy_only=False)[self.traj_steps[sel]]
-        units: dict[str, list[list[int]]] = {}
+        lens = np.diff(self.traj_tokens)
+        chunks: dict[str, list[list[int]]] = {}
+        sizes: dict[str, list[int]] = {}
         for t, g in zip(sel.tolist(), gid.tolist(), strict=True):
-            chunks = units.setdefault(g, [[]])
-            if chunks[-1] and self._unit_tokens(chunks[-1] + [t], 1) > max_tokens:
-                chunks.append([])
-            chunks[-1].append(t)
-        return [c for chunks in units.values() for c in chunks]
-
-    def _unit_tokens(self, unit: list[int], share_prefix: int) -> int:
-        """A unit's stream tokens once its members share their first member's prompt."""
-        lens = np.diff(self.traj_tokens)[unit]
-        if not share_prefix or len(unit) == 1:
-            return int(lens.sum())
-        p = self._prompt(unit[0])
-        return int(lens.sum()) - sum(_common(p, self._prompt(t)) for t in unit[1:])
+            units, used = chunks.setdefault(g, [[]]), sizes.setdefault(g, [0])
+            add = int(lens[t]) - (_common(self._prompt(units[-1][0]), self._prompt(t)) if units[-1] else 0)
+            if units[-1] and used[-1] + add > max_tokens:
+                units.append([])
+                used.append(0)
+                add = int(lens[t])
+            units[-1].append(t)
+            used[-1] += add
+        return [u for g in chunks for u in chunks[g]], [n for g in sizes for n in sizes[g]]
 
     def _share(self, members: np.ndarray, share_prefix: int) -> tuple[np.ndarray, np.ndarray]:
         """For each member, the earlier member (a root: one that shares nothing) whose first

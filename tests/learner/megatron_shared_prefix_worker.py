@@ -79,10 +79,12 @@ def main() -> None:
     results["weight_max_diff"] = max(
         float((weights["plain"][k] - weights["shared"][k]).abs().max()) for k in weights["plain"]
     )
-    results["weight_max_change"] = max(
-        float((weights["plain"][k] - w).abs().max())
-        for k, w in dict(Actor(model_dir, BridgeConfig(), optim).export_hf()).items()
-    )
+    start = dict(Actor(model_dir, BridgeConfig(), optim).export_hf())
+    results["weight_max_change"] = max(float((weights["plain"][k] - w).abs().max()) for k, w in start.items())
+    # the two updates as whole vectors: |u_shared - u_plain| / |u_plain|
+    diff = sum(float((weights["plain"][k] - weights["shared"][k]).double().square().sum()) for k in start)
+    step = sum(float((weights["plain"][k] - w).double().square().sum()) for k, w in start.items())
+    results["update_rel_diff"] = (diff / step) ** 0.5
     with open(out, "w") as f:
         json.dump(results, f)
 

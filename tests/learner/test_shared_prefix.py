@@ -32,9 +32,11 @@ def test_logprobs_gradient_and_update_are_the_plain_packings(results):
     plain, shared = results["grad_norms"]
     assert plain > 0 and shared == pytest.approx(plain, rel=1e-4)
     assert results["weight_max_change"] > 1e-4  # the step moved the weights ...
-    # ... the same way: Adam's first step is about lr * sign(g), so a weight whose gradient is ~0
-    # moves by whatever its last bits say (float32 sums in another order): 0.3 % of a step here
-    assert results["weight_max_diff"] < 1e-2 * results["weight_max_change"]
+    # ... the same way. Adam's first step is about lr * g / (|g| + eps) per weight, so a weight whose
+    # gradient is near zero moves by whatever its last bits say (float32 sums in another order: up
+    # to 1 % of lr on one CPU, 0.3 % on another); the update as a whole vector agrees far closer
+    assert results["weight_max_diff"] < 0.1 * results["weight_max_change"]
+    assert results["update_rel_diff"] < 1e-3
 
 
 def test_branch_attention_equals_the_written_out_mask():
