@@ -127,12 +127,12 @@ class ActorSteps:
         src = self.logprob_values
         if mb.positions.dim() != 1 or mb.cp is not None or mb.images:
             raise ValueError("exact logprobs (trainer.deterministic) take text micro-batches without CP")
-        for a, e in mb.bounds:  # the engine prefills every sequence from position 0
-            if int(mb.positions[a]) != 0:
-                raise ValueError(f"the packed sequence at rows {a}..{e} does not start at position 0")
+        for (a, e), (_, shared) in zip(mb.bounds, mb.parents or [(0, 0)] * len(mb.bounds), strict=True):
+            if int(mb.positions[a]) != shared:  # the engine prefills every sequence from position 0
+                raise ValueError(f"the packed sequence at rows {a}..{e} does not start at position {shared}")
         if src.version != self.steps:
             src.load(self.export_hf(), self.steps)
-        return src.logprobs(mb.tokens, mb.bounds, mb.label_pos).to(self.device)
+        return src.logprobs(*mb.unshared()).to(self.device)
 
     # ---- API --------------------------------------------------------------------------------------------
     @torch.no_grad()

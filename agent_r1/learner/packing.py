@@ -53,6 +53,22 @@ class Packed:
     def num_tokens(self) -> int:
         return int(self.tokens.numel())
 
+    def unshared(self) -> tuple[torch.Tensor, list[tuple[int, int]], torch.Tensor]:
+        """The micro-batch with every branch's shared prefix written out again in front of it: its
+        tokens, sequence bounds and the action tokens' rows there (each sequence from position 0,
+        as an engine prefills it)."""
+        if self.parents is None:
+            return self.tokens, self.bounds, self.label_pos
+        rows, bounds, where = [], [], torch.empty(self.num_tokens, dtype=torch.long)
+        n = 0
+        for (a, e), (ps, pl) in zip(self.bounds, self.parents, strict=True):
+            rows += [torch.arange(ps, ps + pl), torch.arange(a, e)]
+            where[a:e] = torch.arange(n + pl, n + pl + e - a)
+            bounds.append((n, n + pl + e - a))
+            n += pl + e - a
+        idx = torch.cat(rows).to(self.tokens.device)
+        return self.tokens[idx], bounds, where.to(self.label_pos.device)[self.label_pos]
+
     def attention_mask(self) -> torch.Tensor:
         """(1, 1, N, N) bool, True = masked (Megatron's convention): block-diagonal causal, and a
         branch's rows see the prefix rows it shares."""

@@ -489,11 +489,10 @@ class TrainConfig:
             f"learner rank: it needs parallel.pp=1 and parallel.cp=1, got pp={par.pp} cp={par.cp}",
         )
         _check(
-            not self.optim.share_prefix or (par.cp == 1 and not self.trainer.deterministic),
+            not self.optim.share_prefix or par.cp == 1,
             "optim.share_prefix",
-            "packs branches of a shared prefix, which context parallelism's split and the deterministic "
-            f"mode's engine forward do not take: needs parallel.cp=1 and trainer.deterministic=false, "
-            f"got cp={par.cp} deterministic={self.trainer.deterministic}",
+            f"packs branches of a shared prefix, which context parallelism's split does not take: needs "
+            f"parallel.cp=1, got cp={par.cp}",
         )
         _check(
             self.cluster.launcher == "slurm" or self.parallel.backend == "gloo",

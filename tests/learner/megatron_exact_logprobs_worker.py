@@ -76,6 +76,13 @@ def main() -> None:
         batch, micro, lp, ref = compare(exact, 0)
         results["micro_batches"] = len(micro)
         results["exact_equal"] = float((lp == ref).float().mean())
+        # shared prefixes (a sample's prompt rows left out, its branch continuing its group's root):
+        # the engine is given every branch written out whole, so the values are its bits again
+        shared = batch.micro_batches(None, 160, share_prefix=8)
+        results["shared_branches"] = sum(pl > 0 for mb in shared for _, pl in mb.parents or [])
+        results["shared_exact_equal"] = float(
+            (exact.logprobs(shared, batch.num_action_tokens) == ref).float().mean()
+        )
         _, _, lp_plain, _ = compare(plain, 0)
         results["plain_equal"] = float((lp_plain == ref).float().mean())
         results["plain_max_diff"] = float((lp_plain - ref).abs().max())

@@ -25,6 +25,11 @@ def test_the_learner_recomputes_the_engines_logprobs_bit_for_bit(results):
     assert results["old_batch_changed"] > 0.9
 
 
+def test_shared_prefixes_get_the_engines_bits_too(results):
+    assert results["shared_branches"] >= 4  # each prompt's second sample continues its first
+    assert results["shared_exact_equal"] == 1.0
+
+
 def test_without_the_engines_kernels_they_differ_in_the_last_bits(results):
     assert results["plain_equal"] < 0.9  # the same function, its sums in another order
     assert 0 < results["plain_max_diff"] < 1e-5

@@ -92,10 +92,6 @@ def test_overrides_apply():
             "optim.share_prefix=16 parallel.learner_ranks=2 parallel.cp=2",
             "optim.share_prefix: packs branches of a shared prefix",
         ),
-        (
-            "optim.share_prefix=16 trainer.deterministic=true",
-            "needs parallel.cp=1 and trainer.deterministic=false",
-        ),
     ],
 )
 def test_bad_config_fails_naming_the_key(override, names):
