@@ -6,7 +6,8 @@ nodes holds one build per kind of node) and returns it through ctypes. ``-fopenm
 libgomp.so.1, which resolves to the OpenMP runtime torch has already loaded: a kernel shares
 torch's threads and their wait policy. Where nothing can be built (no compiler) ``load`` returns
 None once, with a warning, and the caller runs its PyTorch path; ``AGENT_R1_NATIVE=0`` turns every
-kernel off.
+kernel off. ``AGENT_R1_NATIVE_MARCH=haswell`` builds for another CPU than this one (with torch's
+``ATEN_CPU_CAPABILITY=avx2``: an AVX2-only machine's arithmetic on a newer one).
 """
 
 from __future__ import annotations
@@ -25,11 +26,15 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c++17")  # compile
+FLAGS = ("-O3", "-ffast-math", "-fopenmp", "-fPIC", "-std=c++17")  # compile, with -march
 # Linked apart and without -ffast-math: linking with it adds crtfastmath.o, whose constructor sets
 # flush-to-zero for the whole process when the library loads (subnormal floats would then vanish
 # in every library, torch and numpy included)
 LINK = ("-shared", "-fopenmp")
+
+
+def _flags() -> tuple[str, ...]:
+    return (*FLAGS, f"-march={os.environ.get('AGENT_R1_NATIVE_MARCH') or 'native'}")
 
 
 def enabled() -> bool:
@@ -62,7 +67,7 @@ def build(name: str) -> Path:
     for part in (
         source.read_bytes(),
         *headers,
-        " ".join(FLAGS + LINK).encode(),
+        " ".join(_flags() + LINK).encode(),
         version.encode(),
         _cpu_id().encode(),
     ):
@@ -74,7 +79,10 @@ def build(name: str) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         obj, out = Path(tmp) / f"{name}.o", Path(tmp) / lib.name
-        for cmd in ([cxx, *FLAGS, "-c", str(source), "-o", str(obj)], [cxx, *LINK, str(obj), "-o", str(out)]):
+        for cmd in (
+            [cxx, *_flags(), "-c", str(source), "-o", str(obj)],
+            [cxx, *LINK, str(obj), "-o", str(out)],
+        ):
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
                 raise OSError(f"{cxx} failed to build {source.name}: {done.stderr.strip()[-2000:]}")

@@ -18,3 +18,22 @@ def test_loading_every_kernel_keeps_subnormal_floats():
     assert np.float32(tiny) * np.float32(1.0) > 0
     assert float(torch.tensor(tiny, dtype=torch.float32) * 1.0) > 0
     assert float(torch.tensor(1e-40, dtype=torch.float32) + 0.0) != 0.0
+
+
+def test_a_build_for_another_cpu_is_its_own_library(tmp_path, monkeypatch):
+    """``AGENT_R1_NATIVE_MARCH=haswell`` (an AVX2-only machine's code on a newer one) builds another
+    library than ``-march=native`` and does not reuse it; a CPU name the compiler does not know is
+    refused with the compiler's message."""
+    import pytest
+
+    from agent_r1 import native
+
+    monkeypatch.setenv("AGENT_R1_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.delenv("AGENT_R1_NATIVE_MARCH", raising=False)
+    here = native.build("rms_norm")
+    monkeypatch.setenv("AGENT_R1_NATIVE_MARCH", "haswell")
+    haswell = native.build("rms_norm")
+    assert here != haswell and {here, haswell} == set(tmp_path.glob("rms_norm-*.so"))
+    monkeypatch.setenv("AGENT_R1_NATIVE_MARCH", "no-such-cpu")
+    with pytest.raises(OSError, match="no-such-cpu"):
+        native.build("rms_norm")
