@@ -1,4 +1,4 @@
-"""``agent-r1 records synth|stats|show|advantages|replay`` -- record shards from the command line.
+"""``agent-r1 records synth|stats|show|advantages|replay|audit`` -- record shards from the command line.
 
 ``advantages`` runs in one process or under ``mpirun``/``srun --mpi=pmix`` (mpi4py): each rank
 takes whole shards round-robin, group statistics are reduced across ranks, and every rank writes
@@ -220,7 +220,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     from agent_r1.algos.advantages import ADVANTAGES
     from agent_r1.records.shard import COMPRESSIONS
 
-    p = sub.add_parser("records", help="step-record shards: synth, stats, show, advantages, replay")
+    p = sub.add_parser("records", help="step-record shards: synth, stats, show, advantages, replay, audit")
     rs = p.add_subparsers(dest="records_command", required=True)
 
     s = rs.add_parser("synth", help="write synthetic but realistic step records")
@@ -285,6 +285,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="the checkpointed iteration to start from (default: the newest kept one before --until)",
     )  # fmt: skip
     rp.set_defaults(fn=cmd_replay)
+
+    au = rs.add_parser(
+        "audit",
+        help="check from a run directory alone that every committed step was trained exactly once (the "
+        "ledger, the records, the newest checkpoint)",
+    )
+    au.add_argument("run_dir")
+    au.set_defaults(fn=cmd_audit)
+
+
+def cmd_audit(a: argparse.Namespace) -> int:
+    """Exit 0 when nothing is lost, repeated or out of the staleness bound, 1 otherwise."""
+    from agent_r1.train.audit import audit
+
+    out = audit(a.run_dir)
+    print(json.dumps(out, indent=1))
+    print(
+        f"AUDIT iterations={out['iterations']} lost_steps={out['lost_steps']} "
+        f"double_trained={out['double_trained']} problems={len(out['problems'])}",
+        flush=True,
+    )
+    return 0 if out["ok"] else 1
 
 
 def cmd_replay(a: argparse.Namespace) -> int:
