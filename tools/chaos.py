@@ -1,0 +1,346 @@
+#!/usr/bin/env python
+"""Chaos: a training run under a seeded schedule of injected faults, then its invariant checked from
+the run directory alone (``agent-r1 records audit``) and its newest checkpoint evaluated.
+
+    python tools/chaos.py --wall 1800 --seed 0 [--mode sync|stream] [--out runs/chaos] [-- overrides]
+
+The run is the quickstart with an iteration count it never reaches and ``trainer.max_wall_s`` =
+``--wall``: it ends when its training budget is spent, however often it was interrupted. Every
+``--gap`` seconds (drawn uniformly from the range) one fault of a kind that has a target right now
+is injected; a launcher that exits without finishing is started again with the same command (what
+a user or Slurm's requeue does), and that restart is part of the recovery. A fault counts as
+recovered when the ledger passes the iteration it had reached when the fault came. Every fault and
+recovery goes to ``OUT/chaos.jsonl`` with its times. The last line:
+
+    CHAOS faults=N kinds=K recovered=R lost_steps=0 double_trained=0 finished=1 success=S ...
+
+Fault kinds: ``kill_server``, ``kill_worker``, ``kill_learner``, ``kill_launcher`` (SIGKILL);
+``stop_server``, ``stop_worker`` (SIGSTOP for ``--stop`` s, longer than the run's request
+timeout, then SIGCONT); ``kill_in_recovery`` (a server killed, then its replacement killed as soon
+as it publishes); ``corrupt_checkpoint`` (bytes of the newest checkpoint's largest file overwritten,
+then the launcher killed so the next launch must load one); ``corrupt_shard`` (a committed shard no
+update has consumed yet overwritten: streaming runs hold some); ``disk_full`` (the run directory is
+a tmpfs of ``--tmpfs-mb``; a ballast file fills it for ``--stop`` s; needs root, else the kind is
+left out and said so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+KINDS = (
+    "kill_server",
+    "kill_worker",
+    "kill_learner",
+    "kill_launcher",
+    "stop_server",
+    "stop_worker",
+    "kill_in_recovery",
+    "corrupt_checkpoint",
+    "corrupt_shard",
+    "disk_full",
+)
+
+
+class Chaos:
+    def __init__(self, a: argparse.Namespace):
+        self.a = a
+        self.out = Path(a.out).resolve()
+        self.run = self.out / "run"
+        self.rng = random.Random(a.seed)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.log = (self.out / "chaos.jsonl").open("a")
+        self.console = (self.out / "console.log").open("ab")
+        self.proc: subprocess.Popen | None = None
+        self.t0 = time.time()
+        self.pending: list[dict] = []  # faults not yet recovered
+        self.events: list[dict] = []
+        self.launches = 0
+        self.tmpfs = False
+
+    # ---- the run ----------------------------------------------------------------------------------
+    def command(self) -> list[str]:
+        a = self.a
+        return [
+            sys.executable, "-m", "agent_r1.cli", "train", "+experiment=quickstart",
+            f"trainer.run_dir={self.run}", "trainer.progress=false", "trainer.iterations=1000000",
+            f"trainer.max_wall_s={a.wall}", "trainer.checkpoint_every=5", "trainer.keep_checkpoints=3",
+            "trainer.eval_every=0", f"rollout.request_timeout_s={a.request_timeout}",
+            f"rollout.mode={a.mode}", *(["rollout.max_staleness=1"] if a.mode != "sync" else []),
+            *a.overrides,
+        ]  # fmt: skip
+
+    def launch(self) -> None:
+        self.launches += 1
+        self.note("launch", n=self.launches)
+        self.proc = subprocess.Popen(
+            self.command(), stdout=self.console, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def finished(self) -> bool:
+        s = self.run / "summary.json"
+        return s.exists() and json.loads(s.read_text()).get("budget_spent", False)
+
+    def role_pid(self, name: str) -> int | None:
+        f = self.run / "control" / "roles" / f"{name}.json"
+        try:
+            pid = json.loads(f.read_text())["pid"]
+        except (OSError, ValueError, KeyError):
+            return None
+        return pid if self.owned(pid) else None
+
+    def owned(self, pid: int) -> bool:
+        """``pid`` is alive and one of this run's processes (a pid is reused once it dies)."""
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
+        except OSError:
+            return False
+        return str(self.run).encode() in cmd and state != "Z"
+
+    def progress(self) -> int:
+        """The last iteration the ledger holds (-1: none)."""
+        try:
+            lines = (self.run / "ledger.jsonl").read_text().splitlines()
+        except OSError:
+            return -1
+        its = []
+        for line in lines:
+            try:
+                its.append(json.loads(line)["iteration"])
+            except (ValueError, KeyError):
+                pass
+        return max(its, default=-1)
+
+    def note(self, event: str, **kw) -> None:
+        e = {"t": round(time.time() - self.t0, 1), "event": event, **kw}
+        self.events.append(e)
+        self.log.write(json.dumps(e) + "\n")
+        self.log.flush()
+        print(json.dumps(e), flush=True)
+
+    # ---- faults -----------------------------------------------------------------------------------
+    def signal(self, pid: int | None, sig: int) -> bool:
+        if pid is None or not self.owned(pid):
+            return False
+        os.kill(pid, sig)
+        return True
+
+    def resume_later(self, pid: int, after: float) -> None:
+        def cont() -> None:
+            time.sleep(after)
+            if self.owned(pid):
+                os.kill(pid, signal.SIGCONT)
+                self.note("sigcont", pid=pid)
+
+        threading.Thread(target=cont, daemon=True).start()
+
+    def inject(self, kind: str) -> str | None:
+        """Inject ``kind``; what was done, or None when it has no target now."""
+        roles = {"server": "server_0", "worker": "worker_0", "learner": "learner_0"}
+        if kind.startswith("kill_") and kind[5:] in roles:
+            pid = self.role_pid(roles[kind[5:]])
+            return f"SIGKILL {roles[kind[5:]]} pid {pid}" if self.signal(pid, signal.SIGKILL) else None
+        if kind == "kill_launcher":
+            if self.proc is None or self.proc.poll() is not None:
+                return None
+            os.kill(self.proc.pid, signal.SIGKILL)
+            return f"SIGKILL launcher pid {self.proc.pid}"
+        if kind.startswith("stop_"):
+            name = roles[kind[5:]]
+            pid = self.role_pid(name)
+            if not self.signal(pid, signal.SIGSTOP):
+                return None
+            self.resume_later(pid, self.a.stop)
+            return f"SIGSTOP {name} pid {pid} for {self.a.stop:.0f} s"
+        if kind == "kill_in_recovery":
+            pid = self.role_pid("server_0")
+            if not self.signal(pid, signal.SIGKILL):
+                return None
+            deadline = time.time() + 120
+            while time.time() < deadline:  # the replacement, as soon as it says where it is
+                new = self.role_pid("server_0")
+                if new is not None and new != pid:
+                    os.kill(new, signal.SIGKILL)
+                    return f"SIGKILL server_0 pid {pid}, then its replacement pid {new}"
+                time.sleep(0.05)
+            return f"SIGKILL server_0 pid {pid} (no replacement within 120 s)"
+        if kind == "corrupt_checkpoint":
+            ckpts = sorted(
+                p for p in (self.run / "checkpoints").glob("iter_*") if (p / "checksums.json").exists()
+            )
+            if not ckpts or self.proc is None or self.proc.poll() is not None:
+                return None
+            big = max((p for p in ckpts[-1].rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+            with big.open("r+b") as f:
+                f.seek(big.stat().st_size // 2)
+                f.write(os.urandom(4096))
+            os.kill(self.proc.pid, signal.SIGKILL)
+            return f"overwrote 4 KiB of {big.relative_to(self.run)}, then SIGKILL launcher"
+        if kind == "corrupt_shard":
+            trained = self.progress()
+            for d in sorted((self.run / "records").glob("iter_*"), reverse=True):
+                if int(d.name[5:]) > trained:
+                    shards = sorted(d.glob("shard_*.arrow"))
+                    if shards and (d / f"{shards[0].stem}.meta.json").exists():
+                        data = bytearray(shards[0].read_bytes())
+                        data[len(data) // 2] ^= 0xFF
+                        shards[0].write_bytes(bytes(data))
+                        return f"flipped a byte of {shards[0].relative_to(self.run)} (not yet trained)"
+            return None
+        if kind == "disk_full":
+            if not self.tmpfs:
+                return None
+            ballast = self.out / "run" / ".ballast"
+            st = os.statvfs(self.run)
+            subprocess.run(["fallocate", "-l", str(st.f_bavail * st.f_frsize), str(ballast)], check=False)
+
+            def free() -> None:
+                time.sleep(self.a.stop)
+                ballast.unlink(missing_ok=True)
+                self.note("disk_freed")
+
+            threading.Thread(target=free, daemon=True).start()
+            return f"filled the run's filesystem for {self.a.stop:.0f} s"
+        raise ValueError(kind)
+
+    # ---- the loop ---------------------------------------------------------------------------------
+    def mount(self) -> None:
+        if not self.a.tmpfs_mb:
+            return
+        self.run.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={self.a.tmpfs_mb}m", "tmpfs", str(self.run)],
+            capture_output=True,
+            text=True,
+        )
+        self.tmpfs = r.returncode == 0
+        if not self.tmpfs:
+            self.note("no_tmpfs", why=r.stderr.strip()[:200])
+
+    def main(self) -> int:
+        self.mount()
+        kinds = [k for k in self.a.kinds.split(",") if k != "disk_full" or self.tmpfs]
+        self.launch()
+        next_fault = time.time() + self.a.first
+        end_faults = self.t0 + self.a.wall
+        while True:
+            rc = self.proc.poll()
+            if rc is not None:
+                if self.finished():
+                    self.note("finished", rc=rc)
+                    break
+                if self.launches > self.a.max_launches:
+                    self.note("gave_up", rc=rc)
+                    break
+                self.note("exited", rc=rc)
+                time.sleep(1.0)
+                self.launch()
+            reached = self.progress()
+            for f in list(self.pending):
+                if reached > f["at_iteration"]:
+                    self.pending.remove(f)
+                    self.note(
+                        "recovered", fault=f["n"], kind=f["kind"], seconds=round(time.time() - f["time"], 1)
+                    )
+            now = time.time()
+            if now >= next_fault and now < end_faults and self.progress() >= 0:
+                order = self.rng.sample(kinds, len(kinds))
+                for kind in order:
+                    at = self.progress()
+                    what = self.inject(kind)
+                    if what is not None:
+                        n = sum(e["event"] == "fault" for e in self.events) + 1
+                        self.pending.append({"n": n, "kind": kind, "time": now, "at_iteration": at})
+                        self.note("fault", n=n, kind=kind, what=what, at_iteration=at)
+                        break
+                next_fault = time.time() + self.rng.uniform(*self.a.gap)
+            time.sleep(0.2)
+        return self.report()
+
+    def report(self) -> int:
+        audit = json.loads(
+            subprocess.run(
+                [sys.executable, "-m", "agent_r1.cli", "records", "audit", str(self.run)],
+                capture_output=True,
+                text=True,
+            ).stdout.rsplit("\nAUDIT", 1)[0]
+        )
+        ev = subprocess.run(
+            [sys.executable, "-m", "agent_r1.cli", "eval", "--run", str(self.run), "--strict", "--no-progress",
+             "--out", str(self.out / "eval")],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        metrics = self.out / "eval" / "metrics.json"
+        success = (
+            json.loads(metrics.read_text()).get("success")
+            if ev.returncode == 0 and metrics.exists()
+            else None
+        )
+        faults = [e for e in self.events if e["event"] == "fault"]
+        recovered = [e for e in self.events if e["event"] == "recovered"]
+        by_kind: dict[str, list[float]] = {}
+        for e in recovered:
+            by_kind.setdefault(e["kind"], []).append(e["seconds"])
+        summary = {
+            "faults": len(faults),
+            "kinds": len({e["kind"] for e in faults}),
+            "recovered": len(recovered),
+            "lost_steps": audit["lost_steps"],
+            "double_trained": audit["double_trained"],
+            "finished": int(any(e["event"] == "finished" for e in self.events)),
+            "launches": self.launches,
+            "iterations": audit["iterations"],
+            "success": success,
+            "problems": audit["problems"],
+            "recovery_s": {
+                k: {"n": len(v), "median": sorted(v)[len(v) // 2], "max": max(v)} for k, v in by_kind.items()
+            },
+        }
+        (self.out / "chaos_summary.json").write_text(json.dumps(summary, indent=1))
+        print(json.dumps(summary, indent=1))
+        print(
+            f"CHAOS faults={summary['faults']} kinds={summary['kinds']} recovered={summary['recovered']} "
+            f"lost_steps={summary['lost_steps']} double_trained={summary['double_trained']} "
+            f"finished={summary['finished']} launches={self.launches} iterations={summary['iterations']} "
+            f"success={success}",
+            flush=True,
+        )
+        if self.tmpfs:
+            print(f"(the run directory is a tmpfs: `umount {self.run}` when done with it)")
+        ok = audit["ok"] and summary["finished"] and ev.returncode == 0
+        return 0 if ok else 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--wall", type=float, default=1800.0, help="faults for this long; the run's training budget"
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mode", default="sync", choices=("sync", "async", "stream"))
+    ap.add_argument("--out", default="runs/chaos")
+    ap.add_argument("--gap", type=float, nargs=2, default=(25.0, 50.0), help="seconds between faults (range)")
+    ap.add_argument("--first", type=float, default=90.0, help="seconds before the first fault")
+    ap.add_argument("--stop", type=float, default=25.0, help="SIGSTOP and full-disk duration")
+    ap.add_argument("--request-timeout", type=float, default=15.0, help="rollout.request_timeout_s")
+    ap.add_argument("--kinds", default=",".join(KINDS))
+    ap.add_argument(
+        "--tmpfs-mb", type=int, default=0, help="the run directory on a tmpfs this big (disk_full)"
+    )
+    ap.add_argument("--max-launches", type=int, default=200)
+    ap.add_argument("overrides", nargs="*", help="more Hydra overrides for the run")
+    return Chaos(ap.parse_args()).main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
