@@ -18,8 +18,9 @@ Fault kinds: ``kill_server``, ``kill_worker``, ``kill_learner``, ``kill_launcher
 ``stop_server``, ``stop_worker`` (SIGSTOP for ``--stop`` s, longer than the run's request
 timeout, then SIGCONT); ``kill_in_recovery`` (a server killed, then its replacement killed as soon
 as it publishes); ``corrupt_checkpoint`` (bytes of the newest checkpoint's largest file overwritten,
-then the launcher killed so the next launch must load one); ``corrupt_shard`` (a committed shard no
-update has consumed yet overwritten: streaming runs hold some); ``disk_full`` (the run directory is
+then the launcher killed so the next launch must load one); ``corrupt_shard`` (a committed shard of
+an iteration at least two beyond the last trained one overwritten: streaming runs hold some, a sync
+run none); ``disk_full`` (the run directory is
 a tmpfs of ``--tmpfs-mb``; a ballast file fills it for ``--stop`` s; needs root, else the kind is
 left out and said so).
 """
@@ -187,9 +188,9 @@ class Chaos:
             os.kill(self.proc.pid, signal.SIGKILL)
             return f"overwrote 4 KiB of {big.relative_to(self.run)}, then SIGKILL launcher"
         if kind == "corrupt_shard":
-            trained = self.progress()
+            trained = self.progress()  # the next iteration may be read already: one beyond it
             for d in sorted((self.run / "records").glob("iter_*"), reverse=True):
-                if int(d.name[5:]) > trained:
+                if int(d.name[5:]) > trained + 1:
                     shards = sorted(d.glob("shard_*.arrow"))
                     if shards and (d / f"{shards[0].stem}.meta.json").exists():
                         data = bytearray(shards[0].read_bytes())
