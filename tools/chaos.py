@@ -9,7 +9,8 @@ The run is the quickstart with an iteration count it never reaches and ``trainer
 ``--gap`` seconds (drawn uniformly from the range) one fault of a kind that has a target right now
 is injected; a launcher that exits without finishing is started again with the same command (what
 a user or Slurm's requeue does), and that restart is part of the recovery. A fault counts as
-recovered when the ledger passes the iteration it had reached when the fault came. Every fault and
+recovered when the ledger holds an iteration two beyond the one it had reached when the fault came
+(the iteration in flight then may not have needed what failed: it is not evidence of recovery). Every fault and
 recovery goes to ``OUT/chaos.jsonl`` with its times. The last line:
 
     CHAOS faults=N kinds=K recovered=R lost_steps=0 double_trained=0 finished=1 success=S ...
@@ -248,7 +249,7 @@ class Chaos:
                 self.launch()
             reached = self.progress()
             for f in list(self.pending):
-                if reached > f["at_iteration"]:
+                if reached > f["at_iteration"] + 1:
                     self.pending.remove(f)
                     self.note(
                         "recovered", fault=f["n"], kind=f["kind"], seconds=round(time.time() - f["time"], 1)
