@@ -113,7 +113,7 @@ ALLOWED = {
     # the client side of generation: the protocol, the client, SGLang's wire, the router
     "rollout": {"records", "process", "http_service", "engine_spec"},
     # the fifth stage: learner weights -> servers (sender, transports, the receiving routes)
-    "weights": {"rollout", "http_service", "engine_spec"},
+    "weights": {"rollout", "http_service", "engine_spec", "process"},
     # the engines behind the protocol: the embedded engine's package, the upstream servers
     "engines": {
         "rollout",
