@@ -6,7 +6,9 @@ every time, or only for some seeds?
 
     python tools/quickstart_seeds.py [--seeds 0-9] [--busy] [--out runs/seeds] [-- extra overrides]
 
-``--busy`` runs a busy loop on one core beside each run (what a shared CI machine does). Prints one
+``--busy`` runs a busy loop on one core beside each run (what a shared CI machine does); ``--avx2``
+runs an AVX2-only machine's arithmetic on a newer CPU (torch's ``ATEN_CPU_CAPABILITY=avx2``, the
+native kernels built with ``-march=haswell``). Prints one
 Markdown table row per seed as it finishes, then how many ended at >= 0.8.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -42,6 +45,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="0-9")
     ap.add_argument("--busy", action="store_true", help="a busy loop on one core beside each run")
+    ap.add_argument("--avx2", action="store_true", help="torch and the native kernels as on an AVX2-only CPU")
     ap.add_argument("--out", default="runs/seeds")
     ap.add_argument("overrides", nargs="*", help="more Hydra overrides for every run")
     a = ap.parse_args()
@@ -49,6 +53,9 @@ def main() -> None:
     print("| seed | held-out before | after | warm-start NLL | wall s |\n|---|---|---|---|---|", flush=True)
     ok = 0
     todo = seeds(a.seeds)
+    env = dict(os.environ)
+    if a.avx2:
+        env.update(ATEN_CPU_CAPABILITY="avx2", AGENT_R1_NATIVE_MARCH="haswell")
     for k in todo:
         run, model = out / f"seed{k}", out / f"tiny-qwen3-seed{k}"
         busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if a.busy else None
@@ -59,7 +66,7 @@ def main() -> None:
                  f"trainer.run_dir={run}", "trainer.progress=false", f"model.path={model}",
                  f"model.build.at={model}", f"model.build.seed={k}", f"sft.seed={k}", f"trainer.seed={k}",
                  *a.overrides],
-                capture_output=True, text=True,
+                capture_output=True, text=True, env=env,
             )  # fmt: skip
         finally:
             if busy is not None:
