@@ -9,8 +9,9 @@ The run is the quickstart with an iteration count it never reaches and ``trainer
 ``--gap`` seconds (drawn uniformly from the range) one fault of a kind that has a target right now
 is injected; a launcher that exits without finishing is started again with the same command (what
 a user or Slurm's requeue does), and that restart is part of the recovery. A fault counts as
-recovered when the ledger holds an iteration two beyond the one it had reached when the fault came
-(the iteration in flight then may not have needed what failed: it is not evidence of recovery). Every fault and
+recovered when the ledger holds an iteration whose records were all committed after the fault
+(generated and trained again: a resumed run re-trains iterations it had committed before without any
+rollout, and the iteration in flight at the fault may not have needed what failed). Every fault and
 recovery goes to ``OUT/chaos.jsonl`` with its times. The last line:
 
     CHAOS faults=N kinds=K recovered=R lost_steps=0 double_trained=0 finished=1 success=S ...
@@ -122,6 +123,26 @@ class Chaos:
             except (ValueError, KeyError):
                 pass
         return max(its, default=-1)
+
+    def trained_since(self, t: float) -> bool:
+        """An iteration generated wholly after ``t`` has been trained: rollouts and updates both run
+        again (a resumed run re-trains committed iterations without any rollout)."""
+        try:
+            lines = (self.run / "ledger.jsonl").read_text().splitlines()
+        except OSError:
+            return False
+        for line in reversed(lines[-3:]):
+            try:
+                it = json.loads(line)["iteration"]
+            except (ValueError, KeyError):
+                continue
+            metas = list((self.run / "records" / f"iter_{it:06d}").glob("shard_*.meta.json"))
+            try:
+                if metas and min(m.stat().st_mtime for m in metas) > t:
+                    return True
+            except OSError:
+                continue
+        return False
 
     def note(self, event: str, **kw) -> None:
         e = {"t": round(time.time() - self.t0, 1), "event": event, **kw}
@@ -247,9 +268,8 @@ class Chaos:
                 self.note("exited", rc=rc)
                 time.sleep(1.0)
                 self.launch()
-            reached = self.progress()
             for f in list(self.pending):
-                if reached > f["at_iteration"] + 1:
+                if self.trained_since(f["time"]):
                     self.pending.remove(f)
                     self.note(
                         "recovered", fault=f["n"], kind=f["kind"], seconds=round(time.time() - f["time"], 1)
