@@ -10,6 +10,8 @@ failure.
 
 from __future__ import annotations
 
+import errno
+
 
 class AgentR1Error(Exception):
     """A runtime failure the user can fix; the message says what and where."""
@@ -33,6 +35,8 @@ def expected_failure(e: BaseException) -> int | None:
     about a path (missing, a directory, no permission) and a connection that failed."""
     if isinstance(e, AgentR1Error):
         return e.exit_code
+    if _full_disk(e) is not None:
+        return 1  # whatever was being written when the disk filled (or a cleanup after it)
     if isinstance(e, FileNotFoundError | IsADirectoryError | NotADirectoryError | PermissionError):
         return 1  # a path the user gave; the message or the filename names it
     if isinstance(e, OSError) and (e.filename is not None or isinstance(e, ConnectionError | TimeoutError)):
@@ -42,9 +46,28 @@ def expected_failure(e: BaseException) -> int | None:
 
 def one_line(e: BaseException) -> str:
     """The message of an expected failure as the user reads it."""
+    full = _full_disk(e)
+    if full is not None:
+        where = f" writing {full.filename}" if full.filename else ""
+        return (
+            f"no space left on the device{where} ({full.strerror}): free space there and run the same "
+            "command again (a run resumes from its last checkpoint)"
+        )
     if isinstance(e, OSError) and e.filename is not None and e.strerror:
         return f"{e.filename}: {e.strerror}"
     return str(e).strip() or type(e).__name__
+
+
+def _full_disk(e: BaseException | None) -> OSError | None:
+    """The ENOSPC / EDQUOT error in ``e``'s chain (the one that carries a file name, if any)."""
+    seen, found = set(), None
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            if found is None or (found.filename is None and e.filename is not None):
+                found = e
+        e = e.__cause__ or e.__context__
+    return found
 
 
 __all__ = ["AgentR1Error", "UsageError", "expected_failure", "one_line"]
