@@ -173,7 +173,13 @@ def rows_to_table(rows: list[DataRow]) -> pa.Table:
 
 
 def write_rows(rows: list[DataRow], path: str | Path) -> Path:
+    """The rows as one parquet file at ``path``, written beside it and moved into place (an existing
+    file is replaced; a device, a FIFO or a folder there is refused, never replaced)."""
     path = Path(path)
+    if path.exists() and not path.is_file():
+        raise RowError(
+            f"{path}: exists and is not a regular file (a folder, a device, a FIFO): give a file path"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     pq.write_table(rows_to_table(rows), tmp)

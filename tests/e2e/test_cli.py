@@ -74,6 +74,34 @@ def test_cli_rejects_unknown_recipe():
     assert res.returncode == 2 and "invalid choice: 'nope'" in res.stderr
 
 
+def test_cli_data_refuses_to_replace_what_is_not_a_file(tmp_path):
+    """``--out`` naming a FIFO (or a device: as root, ``--out /dev/full`` had replaced the device
+    node with the parquet file) is refused and left as it was."""
+    import os
+    import stat
+
+    fifo = tmp_path / "rows.parquet"
+    os.mkfifo(fifo)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent_r1.cli",
+            "data",
+            "--recipe",
+            "arithmetic_tool",
+            "--num",
+            "4",
+            "--out",
+            str(fifo),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 1 and f"{fifo}: exists and is not a regular file" in res.stderr, res.stderr
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
 def test_cli_data_names_an_unknown_split(tmp_path):
     res = subprocess.run(
         [
