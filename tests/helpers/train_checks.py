@@ -67,6 +67,9 @@ def reduced(
         "rollout.group_size=4",
         *([f"episode.max_action_tokens={action_tokens}"] if action_tokens else []),
         "rollout.ready_timeout_s=120",
+        # the layouts these runs test (PP/VPP, EP, vision) take the plain packing; shared prefixes
+        # have tests of their own and the whole quickstart (test_stream) runs them
+        "optim.share_prefix=0",
         *extra,
     ]
 
