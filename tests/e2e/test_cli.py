@@ -74,6 +74,12 @@ def test_cli_rejects_unknown_recipe():
     assert res.returncode == 2 and "invalid choice: 'nope'" in res.stderr
 
 
+def _data(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "agent_r1.cli", "data", *args], capture_output=True, text=True
+    )
+
+
 def test_cli_data_refuses_to_replace_what_is_not_a_file(tmp_path):
     """``--out`` naming a FIFO (or a device: as root, ``--out /dev/full`` had replaced the device
     node with the parquet file) is refused and left as it was."""
@@ -82,43 +88,13 @@ def test_cli_data_refuses_to_replace_what_is_not_a_file(tmp_path):
 
     fifo = tmp_path / "rows.parquet"
     os.mkfifo(fifo)
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "agent_r1.cli",
-            "data",
-            "--recipe",
-            "arithmetic_tool",
-            "--num",
-            "4",
-            "--out",
-            str(fifo),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    res = _data("--recipe", "arithmetic_tool", "--num", "4", "--out", str(fifo))
     assert res.returncode == 1 and f"{fifo}: exists and is not a regular file" in res.stderr, res.stderr
     assert stat.S_ISFIFO(fifo.stat().st_mode)
 
 
 def test_cli_data_names_an_unknown_split(tmp_path):
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "agent_r1.cli",
-            "data",
-            "--recipe",
-            "alfworld",
-            "--split",
-            "bogus",
-            "--out",
-            str(tmp_path / "x.parquet"),
-        ],  # fmt: skip
-        capture_output=True,
-        text=True,
-    )
+    res = _data("--recipe", "alfworld", "--split", "bogus", "--out", str(tmp_path / "x.parquet"))
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert (
         "agent-r1 data: alfworld: unknown split 'bogus'; known: ['train', 'valid_seen', 'valid_unseen']"
