@@ -43,14 +43,13 @@ def _ledger(rd: RunDir) -> tuple[list[dict[str, Any]], int]:
 
 
 def _newest_checkpoint(rd: RunDir) -> dict[str, Any] | None:
-    best = None
-    for p in rd.checkpoints.glob("iter_*"):
-        state = p / "agent_r1_state.json"
-        if p.is_dir() and not p.name.endswith(".tmp") and state.exists():
-            s = json.loads(state.read_text())
-            if best is None or s["trainer"]["iteration"] > best["trainer"]["iteration"]:
-                best = {**s, "path": str(p)}
-    return best
+    from agent_r1.train.replay import _checkpoints
+
+    kept = _checkpoints(rd)
+    if not kept:
+        return None
+    path = kept[max(kept)]
+    return {**json.loads((path / "agent_r1_state.json").read_text()), "path": str(path)}
 
 
 def _records_of(rd: RunDir, entry: dict[str, Any]) -> tuple[list[str], int, list[int]]:
@@ -60,9 +59,7 @@ def _records_of(rd: RunDir, entry: dict[str, Any]) -> tuple[list[str], int, list
     it = entry["iteration"]
     d = iteration_dir(rd.records, it)
     problems, versions = [], []
-    metas = {
-        json.loads(p.read_text())["name"]: json.loads(p.read_text()) for p in d.glob("shard_*.meta.json")
-    }
+    metas = [json.loads(p.read_text()) for p in d.glob("shard_*.meta.json")]
     for name, checksum in entry["shards"].items():
         path = d / name
         if not path.exists():
@@ -72,7 +69,7 @@ def _records_of(rd: RunDir, entry: dict[str, Any]) -> tuple[list[str], int, list
             problems.append(f"iteration {it}: {name} no longer matches the checksum its update saw")
             continue
         versions += ipc.open_file(str(path)).read_all().column("policy_version").to_pylist()
-    extra = sum(m["rows"] for n, m in metas.items() if n not in entry["shards"])
+    extra = sum(m["rows"] for m in metas if m["name"] not in entry["shards"])
     return problems, extra, versions
 
 

@@ -43,8 +43,8 @@ def _checkpoints(rd: RunDir) -> dict[int, Path]:
     """The complete checkpoints by the iteration their state says they hold."""
     out = {}
     for p in sorted(rd.checkpoints.glob("iter_*")):
-        state = p / "agent_r1_state.json"
-        if p.is_dir() and state.exists():
+        state = p / "agent_r1_state.json"  # not iter_N.tmp (a save cut off) nor iter_N.corrupt
+        if p.name[5:].isdigit() and p.is_dir() and state.exists():
             out[int(json.loads(state.read_text())["trainer"]["iteration"])] = p
     return out
 

@@ -54,3 +54,18 @@ def test_records_changed_after_their_update_are_named(copy_run):
     rc, out = _audit(run)
     assert rc == 1
     assert f"iteration 1: {shard.name} no longer matches the checksum its update saw" in out["problems"]
+
+
+def test_a_checkpoint_set_aside_as_corrupt_is_not_the_newest(copy_run):
+    """A checkpoint that failed its checksums is renamed ``iter_N.corrupt`` and kept: neither it nor an
+    interrupted ``.tmp`` save counts as the run's newest."""
+    import shutil
+
+    run = copy_run()
+    for name in ("iter_000009.corrupt", "iter_000010.tmp"):
+        d = shutil.copytree(run / "checkpoints" / "iter_000001", run / "checkpoints" / name)
+        state = json.loads((d / "agent_r1_state.json").read_text())
+        state["trainer"]["iteration"] = int(name[5:11])
+        (d / "agent_r1_state.json").write_text(json.dumps(state))
+    rc, out = _audit(run)
+    assert rc == 0 and out["checkpoint"].endswith("iter_000001"), out
