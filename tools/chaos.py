@@ -3,12 +3,16 @@
 the run directory alone (``agent-r1 records audit``) and its newest checkpoint evaluated.
 
     python tools/chaos.py --wall 1800 --seed 0 [--mode sync|stream] [--out runs/chaos] [-- overrides]
+    python tools/chaos.py --wall 900 --slurm /tmp/chaos-slurm ...   # a 2-node job on a local cluster
 
 The run is the quickstart with an iteration count it never reaches and ``trainer.max_wall_s`` =
 ``--wall``: it ends when its training budget is spent, however often it was interrupted. Every
 ``--gap`` seconds (drawn uniformly from the range) one fault of a kind that has a target right now
 is injected; a launcher that exits without finishing is started again with the same command (what
-a user or Slurm's requeue does), and that restart is part of the recovery. A fault counts as
+a user or Slurm's requeue does), and that restart is part of the recovery. With ``--slurm BASE`` the
+run is a 2-node job (``agent-r1 launch cluster=slurm_cpu``: the learner on n1, the rollout roles on
+n2) on ``tools/local_slurm.sh``'s cluster in BASE; the launcher's kill is ``scontrol requeue`` and
+a job that leaves the queue unfinished is submitted again. A fault counts as
 recovered when the ledger holds an iteration whose records were all committed after the fault
 (generated and trained again: a resumed run re-trains iterations it had committed before without any
 rollout, and the iteration in flight at the fault may not have needed what failed). Every fault and
@@ -24,7 +28,11 @@ then the launcher killed so the next launch must load one); ``corrupt_shard`` (a
 an iteration at least two beyond the last trained one overwritten: streaming runs hold some, a sync
 run none); ``disk_full`` (the run directory is
 a tmpfs of ``--tmpfs-mb``; a ballast file fills it for ``--stop`` s; needs root, else the kind is
-left out and said so).
+left out and said so); ``net_delay``, ``net_hole``, ``net_cut`` (the link to the server: its
+published address is replaced by a TCP proxy's, which from then on carries every new connection of
+the workers and the coordinator to it; for ``--stop`` s the proxy delays each chunk by 1-3 s, holds
+every byte (a black hole: connections open, nothing arrives), or resets every connection, open and
+new; a push caught there is cut half-way).
 """
 
 from __future__ import annotations
@@ -33,13 +41,17 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 KINDS = (
     "kill_server",
     "kill_worker",
@@ -51,7 +63,85 @@ KINDS = (
     "corrupt_checkpoint",
     "corrupt_shard",
     "disk_full",
+    "net_delay",
+    "net_hole",
+    "net_cut",
 )
+
+
+def _reset(s: socket.socket) -> None:
+    """Close ``s`` with a TCP reset, waking a thread blocked reading it."""
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.shutdown(socket.SHUT_RD)
+    except OSError:
+        pass
+    s.close()
+
+
+def read_ready(ready: Path) -> dict:
+    """A server's ready file (``{"url": ...}``); {} while there is none."""
+    try:
+        info = json.loads(ready.read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+class Proxy:
+    """A TCP proxy in front of one server: forwards bytes both ways, or while a fault lasts delays
+    each chunk, holds every byte (``hole``) or resets every connection (``cut``)."""
+
+    def __init__(self, host: str, port: int):
+        self.target = (host, port)
+        self.mode, self.until, self.delay = "pass", 0.0, 0.0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.lock = threading.Lock()
+        self.conns: set[socket.socket] = set()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def fault(self, mode: str, seconds: float, delay: float = 0.0) -> None:
+        self.mode, self.until, self.delay = mode, time.time() + seconds, delay
+        if mode == "cut":
+            with self.lock:
+                for s in list(self.conns):
+                    _reset(s)
+
+    def now(self) -> str:
+        return self.mode if time.time() < self.until else "pass"
+
+    def _accept(self) -> None:
+        while True:
+            client, _ = self.listener.accept()
+            if self.now() == "cut":
+                _reset(client)
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=10)
+                upstream.settimeout(None)
+            except OSError:
+                _reset(client)
+                continue
+            with self.lock:
+                self.conns |= {client, upstream}
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                while self.now() == "hole":
+                    time.sleep(0.05)
+                if self.now() == "delay":
+                    time.sleep(self.delay)
+                dst.sendall(data)
+            dst.shutdown(socket.SHUT_WR)  # the other side's end of stream, passed on
+        except OSError:
+            for s in (src, dst):
+                _reset(s)
+        with self.lock:
+            self.conns -= {s for s in (src, dst) if s.fileno() == -1}
 
 
 class Chaos:
@@ -69,12 +159,27 @@ class Chaos:
         self.events: list[dict] = []
         self.launches = 0
         self.tmpfs = False
+        self.proxies: dict[str, Proxy] = {}  # by the address it listens on
+        self.job: str | None = None
+        self.slurm: dict[str, str] | None = None  # the local cluster's environment (--slurm)
+        if a.slurm:
+            base = Path(a.slurm).resolve()
+            env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+            subprocess.run(
+                ["bash", str(ROOT / "tools/local_slurm.sh"), "start", str(base)], env=env, check=True
+            )
+            self.slurm = {**env, "SLURM_CONF": str(base / "etc" / "slurm.conf")}
 
     # ---- the run ----------------------------------------------------------------------------------
     def command(self) -> list[str]:
         a = self.a
+        how = (
+            ["launch", "cluster=slurm_cpu", f"cluster.time={int(a.wall // 60) + 30}"]
+            if self.slurm
+            else ["train"]
+        )
         return [
-            sys.executable, "-m", "agent_r1.cli", "train", "+experiment=quickstart",
+            sys.executable, "-m", "agent_r1.cli", *how, "+experiment=quickstart",
             f"trainer.run_dir={self.run}", "trainer.progress=false", "trainer.iterations=1000000",
             f"trainer.max_wall_s={a.wall}", "trainer.checkpoint_every=5", "trainer.keep_checkpoints=3",
             "trainer.eval_every=0", f"rollout.request_timeout_s={a.request_timeout}",
@@ -84,10 +189,39 @@ class Chaos:
 
     def launch(self) -> None:
         self.launches += 1
-        self.note("launch", n=self.launches)
-        self.proc = subprocess.Popen(
-            self.command(), stdout=self.console, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        if self.slurm is None:
+            self.note("launch", n=self.launches)
+            self.proc = subprocess.Popen(
+                self.command(), stdout=self.console, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            return
+        r = subprocess.run(self.command(), env=self.slurm, capture_output=True, text=True)
+        self.console.write((r.stdout + r.stderr).encode())
+        job = re.search(r"submitted job (\d+)", r.stdout)
+        if r.returncode != 0 or job is None:
+            raise SystemExit(f"chaos: agent-r1 launch failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+        self.job = job.group(1)
+        self.note("launch", n=self.launches, job=self.job)
+
+    def ended(self) -> int | None:
+        """The launcher's exit status (a Slurm job: 0 once it left the queue); None while it runs."""
+        if self.slurm is None:
+            return self.proc.poll()
+        q = subprocess.run(["squeue", "-h", "-j", self.job], env=self.slurm, capture_output=True, text=True)
+        return None if q.returncode != 0 or q.stdout.strip() else 0
+
+    def kill_launcher(self) -> str | None:
+        """SIGKILL of the launcher; under Slurm the job is requeued (what a node failure does to a job
+        submitted with --requeue: every step killed, the batch script run again)."""
+        if self.ended() is not None:
+            return None
+        if self.slurm is not None:
+            r = subprocess.run(
+                ["scontrol", "requeue", self.job], env=self.slurm, capture_output=True, text=True
+            )
+            return f"scontrol requeue {self.job}" if r.returncode == 0 else None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        return f"SIGKILL launcher pid {self.proc.pid}"
 
     def finished(self) -> bool:
         s = self.run / "summary.json"
@@ -174,10 +308,7 @@ class Chaos:
             pid = self.role_pid(roles[kind[5:]])
             return f"SIGKILL {roles[kind[5:]]} pid {pid}" if self.signal(pid, signal.SIGKILL) else None
         if kind == "kill_launcher":
-            if self.proc is None or self.proc.poll() is not None:
-                return None
-            os.kill(self.proc.pid, signal.SIGKILL)
-            return f"SIGKILL launcher pid {self.proc.pid}"
+            return self.kill_launcher()
         if kind.startswith("stop_"):
             name = roles[kind[5:]]
             pid = self.role_pid(name)
@@ -201,14 +332,13 @@ class Chaos:
             ckpts = sorted(
                 p for p in (self.run / "checkpoints").glob("iter_*") if (p / "checksums.json").exists()
             )
-            if not ckpts or self.proc is None or self.proc.poll() is not None:
+            if not ckpts or self.ended() is not None:
                 return None
             big = max((p for p in ckpts[-1].rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
             with big.open("r+b") as f:
                 f.seek(big.stat().st_size // 2)
                 f.write(os.urandom(4096))
-            os.kill(self.proc.pid, signal.SIGKILL)
-            return f"overwrote 4 KiB of {big.relative_to(self.run)}, then SIGKILL launcher"
+            return f"overwrote 4 KiB of {big.relative_to(self.run)}, then {self.kill_launcher()}"
         if kind == "corrupt_shard":
             trained = self.progress()  # the next iteration may be read already: one beyond it
             for d in sorted((self.run / "records").glob("iter_*"), reverse=True):
@@ -234,7 +364,39 @@ class Chaos:
 
             threading.Thread(target=free, daemon=True).start()
             return f"filled the run's filesystem for {self.a.stop:.0f} s"
+        if kind.startswith("net_"):
+            return self.disturb_link(kind[4:])
         raise ValueError(kind)
+
+    def disturb_link(self, mode: str) -> str | None:
+        """Put a proxy on the link to server_0 (its published address replaced by the proxy's: every
+        new connection goes through it) unless one is there, and disturb it for ``--stop`` s."""
+        ready = self.run / "control" / "servers" / "server_0.json"
+        pid = self.role_pid("server_0")
+        info = read_ready(ready)
+        url = info.get("url")
+        if url is None or pid is None:
+            return None
+        proxy = self.proxies.get(url)
+        if proxy is None:
+            host, port = url.rsplit("//", 1)[-1].rsplit(":", 1)
+            proxy = Proxy(host, int(port))
+            self.proxies[proxy.url] = proxy
+            tmp = ready.with_name(f".{ready.name}.chaos")
+            tmp.write_text(json.dumps({**info, "url": proxy.url}))
+            if self.role_pid("server_0") != pid or read_ready(ready).get("url") != url:
+                return None  # being replaced: the replacement publishes its own address
+            os.replace(tmp, ready)
+        delay = self.rng.uniform(1.0, 3.0)
+        proxy.fault(mode, self.a.stop, delay)
+        what = {
+            "delay": f"delayed every chunk {delay:.1f} s",
+            "hole": "held every byte",
+            "cut": "reset every connection",
+        }
+        return (
+            f"{what[mode]} between the run and server_0 for {self.a.stop:.0f} s (proxy {proxy.url} -> {url})"
+        )
 
     # ---- the loop ---------------------------------------------------------------------------------
     def mount(self) -> None:
@@ -257,7 +419,7 @@ class Chaos:
         next_fault = time.time() + self.a.first
         end_faults = self.t0 + self.a.wall
         while True:
-            rc = self.proc.poll()
+            rc = self.ended()
             if rc is not None:
                 if self.finished():
                     self.note("finished", rc=rc)
@@ -360,6 +522,12 @@ def main() -> int:
         "--tmpfs-mb", type=int, default=0, help="the run directory on a tmpfs this big (disk_full)"
     )
     ap.add_argument("--max-launches", type=int, default=200)
+    ap.add_argument(
+        "--slurm",
+        metavar="BASE",
+        help="run as a 2-node job (cluster=slurm_cpu) on tools/local_slurm.sh's cluster in BASE (started "
+        "if needed; root): the launcher's kill is `scontrol requeue`, an unfinished job is submitted again",
+    )
     ap.add_argument("overrides", nargs="*", help="more Hydra overrides for the run")
     return Chaos(ap.parse_args()).main()
 
