@@ -113,7 +113,11 @@ class Proxy:
 
     def _accept(self) -> None:
         while True:
-            client, _ = self.listener.accept()
+            try:
+                client, _ = self.listener.accept()
+            except OSError:  # out of descriptors for a moment: connections wait in the backlog
+                time.sleep(0.1)
+                continue
             if self.now() == "cut":
                 _reset(client)
                 continue
@@ -123,12 +127,14 @@ class Proxy:
             except OSError:
                 _reset(client)
                 continue
+            pair = [client, upstream, 0]  # the two sockets and how many directions have ended
             with self.lock:
                 self.conns |= {client, upstream}
             for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+                threading.Thread(target=self._pipe, args=(src, dst, pair), daemon=True).start()
 
-    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, pair: list) -> None:
+        broken = False
         try:
             while data := src.recv(1 << 16):
                 while self.now() == "hole":
@@ -138,10 +144,13 @@ class Proxy:
                 dst.sendall(data)
             dst.shutdown(socket.SHUT_WR)  # the other side's end of stream, passed on
         except OSError:
-            for s in (src, dst):
-                _reset(s)
+            broken = True
         with self.lock:
-            self.conns -= {s for s in (src, dst) if s.fileno() == -1}
+            pair[2] += 1
+            if broken or pair[2] == 2:  # both directions ended (or one broke): both sockets closed
+                for s in pair[:2]:
+                    _reset(s) if broken else s.close()
+                self.conns -= set(pair[:2])
 
 
 class Chaos:
@@ -354,12 +363,19 @@ class Chaos:
             if not self.tmpfs:
                 return None
             ballast = self.out / "run" / ".ballast"
-            st = os.statvfs(self.run)
-            subprocess.run(["fallocate", "-l", str(st.f_bavail * st.f_frsize), str(ballast)], check=False)
+            for part in range(20):  # what the run writes meanwhile can beat one allocation: take the rest
+                st = os.statvfs(self.run)
+                if st.f_bavail == 0:
+                    break
+                subprocess.run(
+                    ["fallocate", "-l", str(st.f_bavail * st.f_frsize), f"{ballast}.{part}"],
+                    capture_output=True,
+                )
 
             def free() -> None:
                 time.sleep(self.a.stop)
-                ballast.unlink(missing_ok=True)
+                for f in ballast.parent.glob(".ballast.*"):
+                    f.unlink(missing_ok=True)
                 self.note("disk_freed")
 
             threading.Thread(target=free, daemon=True).start()
@@ -395,7 +411,8 @@ class Chaos:
             "cut": "reset every connection",
         }
         return (
-            f"{what[mode]} between the run and server_0 for {self.a.stop:.0f} s (proxy {proxy.url} -> {url})"
+            f"{what[mode]} between the run and server_0 for {self.a.stop:.0f} s (proxy {proxy.url} -> "
+            f"{proxy.target[0]}:{proxy.target[1]})"
         )
 
     # ---- the loop ---------------------------------------------------------------------------------
