@@ -50,7 +50,8 @@ bench-e2e: smollm2
 # sync then streaming, each ending with `CHAOS ... lost_steps=0 double_trained=0` (docs/operations.md)
 chaos: install
 	$(PY) tools/chaos.py --wall 1800 --seed 0 --mode sync --tmpfs-mb 2048 --out runs/chaos/sync
-	$(PY) tools/chaos.py --wall 1800 --seed 1 --mode stream --tmpfs-mb 2048 --out runs/chaos/stream
+	$(PY) tools/chaos.py --wall 1800 --seed 1 --mode stream --tmpfs-mb 2048 --out runs/chaos/stream optim.lr=2.5e-4
+	$(PY) tools/chaos.py --wall 600 --seed 2 --slurm /tmp/agent-r1-chaos-slurm --out runs/chaos/slurm
 
 test: install
 	$(VENV)/bin/ruff check .

@@ -530,7 +530,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mode", default="sync", choices=("sync", "async", "stream"))
     ap.add_argument("--out", default="runs/chaos")
-    ap.add_argument("--gap", type=float, nargs=2, default=(25.0, 50.0), help="seconds between faults (range)")
+    ap.add_argument("--gap", type=float, nargs=2, default=(20.0, 40.0), help="seconds between faults (range)")
     ap.add_argument("--first", type=float, default=90.0, help="seconds before the first fault")
     ap.add_argument("--stop", type=float, default=25.0, help="SIGSTOP and full-disk duration")
     ap.add_argument("--request-timeout", type=float, default=15.0, help="rollout.request_timeout_s")

@@ -353,10 +353,16 @@ def test_a_push_during_generation_loses_no_request(server, tiny_model_h32):
     version = run(server_versions([server], api="vllm"))[server]
     sampling = SamplingParams(temperature=1.0, max_new_tokens=160, seed=5)
 
+    def running() -> float:  # vLLM's own gauge of the requests it is running
+        with urllib.request.urlopen(server + "/metrics", timeout=30) as r:
+            lines = r.read().decode().splitlines()
+        return sum(float(x.rsplit(" ", 1)[1]) for x in lines if x.startswith("vllm:num_requests_running"))
+
     async def both():
         gen = asyncio.ensure_future(generate(server, prompts, sampling))
-        await asyncio.sleep(0.3)  # requests are running
-        assert not gen.done()
+        while not await asyncio.to_thread(running):  # polled until the server says they run
+            assert not gen.done(), "the generation ended before the server reported it running"
+            await asyncio.sleep(0.05)
         await push(server, weights_of(tiny_model_h32), version + 1)
         return await gen
 
