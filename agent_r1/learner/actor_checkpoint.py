@@ -49,7 +49,7 @@ class ActorCheckpoint:
         try:
             self._save(path, tmp, trainer_state, with_optimizer)
         except Exception as e:
-            if not no_space(e):
+            if not no_space(e, tmp):
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
             raise no_space_error(tmp, e) from e

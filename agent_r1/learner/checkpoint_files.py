@@ -80,19 +80,26 @@ def first_nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
     return None
 
 
-def no_space(e: BaseException) -> bool:
-    """Whether ``e`` (or an exception it was raised from) is a full disk (ENOSPC / EDQUOT)."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
+# a write that failed with less than this free where it wrote is a full disk, whatever it raised:
+# torch's checkpoint writer loses the errno (``basic_ios::clear: iostream error``, ``unexpected pos``)
+FULL_BELOW_BYTES = 64 << 20
+
+
+def _free_bytes(path: Path) -> int:
+    return shutil.disk_usage(next((p for p in [path, *path.parents] if p.exists()), Path("/"))).free
+
+
+def no_space(e: BaseException, path: Path | None = None) -> bool:
+    """Whether ``e`` (or an exception it was raised from) is a full disk (ENOSPC / EDQUOT), or,
+    with ``path``, whether the write there failed with (almost) nothing left free on its
+    filesystem."""
+    from agent_r1.errors import _full_disk
+
+    return _full_disk(e) is not None or (path is not None and _free_bytes(path) < FULL_BELOW_BYTES)
 
 
 def no_space_error(path: Path, e: BaseException) -> OSError:
-    free = shutil.disk_usage(next((p for p in [path, *path.parents] if p.exists()), Path("/"))).free
+    free = _free_bytes(path)
     return OSError(
         errno.ENOSPC,
         f"no space left on device writing {path} ({free >> 20} MiB free there; the partial "

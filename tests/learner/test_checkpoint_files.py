@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
+import os
+import subprocess
 
 import pyarrow as pa
 import pytest
@@ -92,3 +95,37 @@ def test_trajectories_with_nonfinite_numbers_are_dropped_whole():
     assert kept.column("trajectory_id").to_pylist() == ["a", "a", "c", "c"]
     same, none = drop_nonfinite(kept)
     assert none == 0 and same.num_rows == 4
+
+
+@pytest.fixture
+def full_fs(tmp_path):
+    """A 4 MiB tmpfs filled to the last byte (root only: mount)."""
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)]).returncode
+    ):
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        with open(mnt / "ballast", "wb") as f:
+            with contextlib.suppress(OSError):
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+        yield mnt
+    finally:
+        subprocess.run(["umount", "--lazy", str(mnt)], check=True)  # a failed write may hold a file open
+
+
+def test_a_write_that_fails_on_a_full_disk_is_no_space_even_without_its_errno(full_fs, tmp_path):
+    """torch's checkpoint writer loses the errno of a full disk (its C++ stream says
+    ``basic_ios::clear: iostream error`` or ``unexpected pos``): a failed write with almost nothing
+    free where it wrote is a full disk all the same; elsewhere the error stands as it is."""
+    with pytest.raises(Exception) as raised:
+        torch.save({"w": torch.ones(1 << 20)}, full_fs / "shard.pt")
+    lost = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    assert no_space(raised.value, full_fs / "iter_000003.tmp") and no_space(lost, full_fs / "iter_000003.tmp")
+    assert not no_space(lost, tmp_path / "iter_000003.tmp") and not no_space(lost)
+    err = no_space_error(full_fs / "iter_000003.tmp", lost)
+    assert err.errno == errno.ENOSPC and "unexpected pos 704 vs 598" in str(err)
