@@ -219,10 +219,19 @@ class Chaos:
         q = subprocess.run(["squeue", "-h", "-j", self.job], env=self.slurm, capture_output=True, text=True)
         return None if q.returncode != 0 or q.stdout.strip() else 0
 
+    def launcher_running(self) -> bool:
+        """The launcher runs (a Slurm job: RUNNING, not pending after a requeue)."""
+        if self.slurm is None:
+            return self.proc is not None and self.proc.poll() is None
+        q = subprocess.run(
+            ["squeue", "-h", "-j", self.job, "-o", "%T"], env=self.slurm, capture_output=True, text=True
+        )
+        return "RUNNING" in q.stdout
+
     def kill_launcher(self) -> str | None:
         """SIGKILL of the launcher; under Slurm the job is requeued (what a node failure does to a job
         submitted with --requeue: every step killed, the batch script run again)."""
-        if self.ended() is not None:
+        if not self.launcher_running():
             return None
         if self.slurm is not None:
             r = subprocess.run(
@@ -341,13 +350,14 @@ class Chaos:
             ckpts = sorted(
                 p for p in (self.run / "checkpoints").glob("iter_*") if (p / "checksums.json").exists()
             )
-            if not ckpts or self.ended() is not None:
+            if not ckpts or not self.launcher_running():
                 return None
             big = max((p for p in ckpts[-1].rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
             with big.open("r+b") as f:
                 f.seek(big.stat().st_size // 2)
                 f.write(os.urandom(4096))
-            return f"overwrote 4 KiB of {big.relative_to(self.run)}, then {self.kill_launcher()}"
+            killed = self.kill_launcher() or "the launcher was going down already"
+            return f"overwrote 4 KiB of {big.relative_to(self.run)}, then {killed}"
         if kind == "corrupt_shard":
             trained = self.progress()  # the next iteration may be read already: one beyond it
             for d in sorted((self.run / "records").glob("iter_*"), reverse=True):
