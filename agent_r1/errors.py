@@ -35,7 +35,7 @@ def expected_failure(e: BaseException) -> int | None:
     about a path (missing, a directory, no permission) and a connection that failed."""
     if isinstance(e, AgentR1Error):
         return e.exit_code
-    if _full_disk(e) is not None:
+    if full_disk(e) is not None:
         return 1  # whatever was being written when the disk filled (or a cleanup after it)
     if isinstance(e, FileNotFoundError | IsADirectoryError | NotADirectoryError | PermissionError):
         return 1  # a path the user gave; the message or the filename names it
@@ -46,7 +46,7 @@ def expected_failure(e: BaseException) -> int | None:
 
 def one_line(e: BaseException) -> str:
     """The message of an expected failure as the user reads it."""
-    full = _full_disk(e)
+    full = full_disk(e)
     if full is not None:
         where = f" writing {full.filename}" if full.filename else ""
         return (
@@ -58,7 +58,7 @@ def one_line(e: BaseException) -> str:
     return str(e).strip() or type(e).__name__
 
 
-def _full_disk(e: BaseException | None) -> OSError | None:
+def full_disk(e: BaseException | None) -> OSError | None:
     """The ENOSPC / EDQUOT error in ``e``'s chain (the one that carries a file name, if any)."""
     seen, found = set(), None
     while e is not None and id(e) not in seen:
@@ -70,4 +70,4 @@ def _full_disk(e: BaseException | None) -> OSError | None:
     return found
 
 
-__all__ = ["AgentR1Error", "UsageError", "expected_failure", "one_line"]
+__all__ = ["AgentR1Error", "UsageError", "expected_failure", "full_disk", "one_line"]

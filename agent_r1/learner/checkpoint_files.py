@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from agent_r1.errors import AgentR1Error
+from agent_r1.errors import AgentR1Error, full_disk
 
 log = logging.getLogger("agent_r1.checkpoint")
 
@@ -93,9 +93,7 @@ def no_space(e: BaseException, path: Path | None = None) -> bool:
     """Whether ``e`` (or an exception it was raised from) is a full disk (ENOSPC / EDQUOT), or,
     with ``path``, whether the write there failed with (almost) nothing left free on its
     filesystem."""
-    from agent_r1.errors import _full_disk
-
-    return _full_disk(e) is not None or (path is not None and _free_bytes(path) < FULL_BELOW_BYTES)
+    return full_disk(e) is not None or (path is not None and _free_bytes(path) < FULL_BELOW_BYTES)
 
 
 def no_space_error(path: Path, e: BaseException) -> OSError:
