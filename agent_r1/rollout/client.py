@@ -183,7 +183,10 @@ class RolloutClient:
                     raise RequestRejected(f"{server} rejected the request: {e.message}") from None
                 errors.append(f"{server}: HTTP {e.status} {e.message[:200]}")
             except (aiohttp.ClientConnectionError, TimeoutError) as e:
-                errors.append(f"{server}: {type(e).__name__}: {e}")
+                why = str(e)
+                if not why and isinstance(e, TimeoutError):  # its own message is empty
+                    why = f"no answer within {self.timeout.total:g} s"
+                errors.append(f"{server}: {type(e).__name__}: {why}")
             finally:
                 self.inflight[server] -= 1
                 self.rid_server.pop(rid, None)

@@ -488,3 +488,22 @@ def test_weight_update_through_shared_memory_ipc(cluster, tiny_model_dir, tmp_pa
     finally:
         mp.set_sharing_strategy(before)
         ipc.kill()
+
+
+def test_a_server_that_never_answers_is_named_with_the_timeout():
+    """A server that takes the request and says nothing (stopped, a black-holed link): the error
+    names it and the timeout it ran past (TimeoutError's own message is empty)."""
+    import socket
+
+    silent = socket.create_server(("127.0.0.1", 0))  # the kernel accepts; nobody ever answers
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    client = RolloutClient(servers=[url], max_retries=0, timeout_s=0.5)
+
+    async def go():
+        try:
+            await client([1], SamplingParams(max_new_tokens=1))
+        finally:
+            await client.close()
+
+    with silent, pytest.raises(RolloutError, match=f"{url}: TimeoutError: no answer within 0.5 s"):
+        asyncio.run(go())
