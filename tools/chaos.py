@@ -217,7 +217,8 @@ class Chaos:
         if self.slurm is None:
             return self.proc.poll()
         q = subprocess.run(["squeue", "-h", "-j", self.job], env=self.slurm, capture_output=True, text=True)
-        return None if q.returncode != 0 or q.stdout.strip() else 0
+        gone = "Invalid job id" in q.stderr  # ended long enough ago for slurmctld to forget it
+        return 0 if gone or (q.returncode == 0 and not q.stdout.strip()) else None  # else: unknown yet
 
     def launcher_running(self) -> bool:
         """The launcher runs (a Slurm job: RUNNING, not pending after a requeue)."""
